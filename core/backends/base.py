@@ -1,0 +1,72 @@
+"""The Backend protocol: one model, its tokenizer and its KV cache, behind a few calls the engine needs.
+
+The cache holds the *committed* tokens. ``forward_tree`` appends tree nodes after them (each node sees the committed
+prefix and its own ancestors only); ``commit`` keeps the nodes of one root-to-node path, in order, and drops every
+other node of the tree. The engine never touches a backend's tensors.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+from core.tree import TokenTree
+
+
+class BackendError(RuntimeError):
+    """A backend could not do what was asked (bad model file, out of context, inconsistent call)."""
+
+
+class ContextLengthError(BackendError):
+    """The tokens asked for do not fit in the model's context window."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the engine needs from a model. See the module docstring for the cache discipline."""
+
+    name: str
+    vocab_size: int
+    eos_ids: frozenset[int]
+    context_length: int
+    device: str
+
+    @property
+    def committed(self) -> list[int]:
+        """The token ids whose KV entries the cache holds, in order (a copy)."""
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of plain text, without special tokens added."""
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of a sequence of ids (special tokens rendered as text)."""
+
+    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of a chat (``[{"role": ..., "content": ...}]``) ready for the assistant's answer."""
+
+    def fingerprint(self) -> str:
+        """A digest of the tokenizer (token list and special tokens) to check that two models can pair."""
+
+    def reset(self) -> None:
+        """Drop the whole cache."""
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+        """Make the cache hold exactly ``ids`` (reusing a common cached prefix) and return the last position's logits."""
+
+    def forward_tree(self, tree: TokenTree, start: int = 0) -> torch.Tensor:
+        """Logits (n - start, V) of nodes ``start..n-1`` of ``tree``, evaluated after the committed prefix in one call.
+
+        Nodes ``0..start-1`` must have been evaluated by earlier calls on the same tree since the last commit; their
+        KV entries are reused. This is how a drafter grows a tree level by level.
+        """
+
+    def commit(self, path: Sequence[int]) -> None:
+        """Keep the evaluated nodes ``path`` (a root-to-node path, in order) in the cache; drop all other tree nodes."""
+
+
+def check_fits(backend: Backend, needed: int) -> None:
+    """Raise ContextLengthError when ``needed`` cached positions would exceed the backend's context."""
+    if needed > backend.context_length:
+        raise ContextLengthError(
+            f"{backend.name}: {needed} tokens do not fit in the context window of {backend.context_length} tokens"
+        )

@@ -1,0 +1,160 @@
+"""PyTorch + transformers backend: tree attention with a 4D mask and position ids, KV compaction with index_select."""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Sequence
+
+import torch
+
+from core.backends.base import BackendError, check_fits
+from core.tree import TokenTree
+
+
+def default_device() -> str:
+    """CUDA when present, else CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class HFBackend:
+    """Wraps any transformers causal LM (Qwen2, Llama, ...) and optionally its tokenizer.
+
+    Without a tokenizer, text is rendered as ``<id>`` markers: enough for tests on tiny random models.
+    """
+
+    def __init__(self, model, tokenizer=None, device: str | None = None, name: str | None = None,
+                 context_length: int | None = None) -> None:
+        from transformers import DynamicCache  # imported lazily: `import core` stays light
+
+        self._cache_cls = DynamicCache
+        self.device = device or default_device()
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        config = model.config
+        self.name = name or getattr(config, "name_or_path", "") or config.model_type
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.context_length = int(context_length or getattr(config, "max_position_embeddings", 2048))
+        self.eos_ids = frozenset(self._eos_ids())
+        self._text_cache: dict[int, str] = {}
+        self.reset()
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.model.config, getattr(self.model, "generation_config", None), self.tokenizer):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    # -- tokenizer ---------------------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise BackendError(f"{self.name} has no tokenizer: pass token ids instead of text")
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return "".join(f"<{int(i)}>" for i in ids)
+        if len(ids) == 1:
+            tok = int(ids[0])
+            if tok not in self._text_cache:
+                self._text_cache[tok] = self.tokenizer.decode([tok])
+            return self._text_cache[tok]
+        return self.tokenizer.decode(list(ids))
+
+    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise BackendError(f"{self.name} has no chat template")
+        out = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if hasattr(out, "keys") and "input_ids" in out:
+            out = out["input_ids"]
+        return [int(t) for t in out]
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        if self.tokenizer is None:
+            h.update(f"no-tokenizer:{self.vocab_size}".encode())
+        else:
+            vocab = self.tokenizer.get_vocab()
+            h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=False).encode())
+            h.update(json.dumps(sorted(map(str, self.tokenizer.all_special_tokens))).encode())
+        return h.hexdigest()
+
+    # -- cache -------------------------------------------------------------------------------------------------
+    @property
+    def committed(self) -> list[int]:
+        return list(self._committed)
+
+    def reset(self) -> None:
+        self._cache = self._cache_cls(config=self.model.config)
+        self._committed: list[int] = []
+        self._tree: TokenTree | None = None
+        self._evaluated = 0
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise BackendError("prefill needs at least one token")
+        check_fits(self, len(ids))
+        self._drop_tree()
+        common = 0
+        for a, b in zip(self._committed, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # evaluate at least one token to have its logits
+        if common < len(self._committed):
+            self._cache.crop(common - len(self._committed))
+            del self._committed[common:]
+        logits = self.forward_tree(TokenTree.chain(ids[common:]))
+        self.commit(list(range(len(ids) - common)))
+        return logits[-1]
+
+    def _drop_tree(self) -> None:
+        if self._evaluated:
+            self._cache.crop(-self._evaluated)
+        self._tree, self._evaluated = None, 0
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: TokenTree, start: int = 0) -> torch.Tensor:
+        if start != self._evaluated:
+            raise BackendError(f"{self.name}: asked to evaluate from node {start} but {self._evaluated} are cached")
+        n = len(tree)
+        if n <= start:
+            raise BackendError(f"{self.name}: nothing to evaluate (tree of {n} nodes from {start})")
+        prefix = len(self._committed)
+        check_fits(self, prefix + n)
+        new = range(start, n)
+        dtype = next(self.model.parameters()).dtype
+        visible = torch.zeros((n - start, prefix + n), dtype=torch.bool)
+        visible[:, :prefix] = True
+        visible[:, prefix:] = tree.ancestor_mask()[start:]
+        mask = torch.zeros(visible.shape, dtype=dtype)
+        mask.masked_fill_(~visible, torch.finfo(dtype).min)
+        ids = torch.tensor([[tree.tokens[i] for i in new]], device=self.device)
+        positions = torch.tensor([[prefix + tree.depths[i] - 1 for i in new]], device=self.device)
+        out = self.model(input_ids=ids, attention_mask=mask[None, None].to(self.device), position_ids=positions,
+                         cache=self._cache, use_cache=True)
+        self._tree, self._evaluated = tree, n
+        return out.logits[0].detach()
+
+    def commit(self, path: Sequence[int]) -> None:
+        path = [int(i) for i in path]
+        if any(not 0 <= i < self._evaluated for i in path):
+            raise BackendError(f"{self.name}: commit of nodes {path} but only {self._evaluated} were evaluated")
+        prefix = len(self._committed)
+        tree = self._tree
+        if path == list(range(len(path))):
+            # the accepted nodes already sit right after the prefix: dropping the tail is enough
+            if self._evaluated > len(path):
+                self._cache.crop(len(path) - self._evaluated)
+        else:
+            keep = torch.tensor(list(range(prefix)) + [prefix + i for i in path], device=self.device)
+            for layer in self._cache.layers:
+                layer.keys = layer.keys.index_select(-2, keep)
+                layer.values = layer.values.index_select(-2, keep)
+        if tree is not None:
+            self._committed += [tree.tokens[i] for i in path]
+        self._tree, self._evaluated = None, 0
