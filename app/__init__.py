@@ -1,0 +1,1 @@
+"""SpecLens desktop app (PySide6): a thin face over the engine's step events."""

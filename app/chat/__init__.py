@@ -1,0 +1,1 @@
+"""Chat widgets: message list, markdown rendering, input box, history store."""

@@ -1,0 +1,1 @@
+"""The race: baseline against speculative decoding on the same prompt."""

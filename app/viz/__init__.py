@@ -1,0 +1,1 @@
+"""Live visualisation of speculative decoding: draft tree, plots, planner."""

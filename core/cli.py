@@ -1,0 +1,39 @@
+"""The ``speclens`` command: the chat window by default, and the bench, plan, screenshot and demo subcommands.
+
+Each subcommand lives in the module that does the work and parses its own arguments; this file only dispatches,
+so that ``speclens bench`` never imports Qt and ``speclens`` starts the window.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "bench": ("core.bench", "benchmark modes on a prompt set, alternating them on the same loaded models"),
+    "plan": ("core.planner", "measure this machine and print the plan Auto would use"),
+    "screenshot": ("app.screenshots", "render demo scenes of the real window to PNG files, offscreen"),
+    "demo": ("app.demo", "play a scripted prompt in the window, for screen recording"),
+    "chat": ("app.main", "open the chat window (the default)"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: speclens [SUBCOMMAND] [options]", "", "subcommands:"]
+    lines += [f"  {name:<11} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "Run `speclens SUBCOMMAND --help` for the options of one."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name = argv[0] if argv and argv[0] in SUBCOMMANDS else "chat"
+    rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
