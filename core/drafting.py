@@ -234,3 +234,15 @@ class Tree:
 
     def make_drafter(self, draft: Backend | None, params: SamplingParams, rng: Rng) -> Drafter:
         return _model_drafter(draft, self.parents, self.sampling, params, rng, "draft")
+
+    @staticmethod
+    def sequoia(budget: int = 32, max_depth: int = 8, acceptance: Sequence[float] | None = None) -> "Tree":
+        """Sequoia's best tree for ``budget`` tokens per target call (the committed root included) and depth at most
+        ``max_depth``, under ``acceptance`` (default: Sequoia's published vector); see core.sequoia.
+
+        Children are sampled without replacement, which is the draft's top-ranked tokens at temperature 0.
+        """
+        from core.sequoia import sequoia_parents  # the DP is only needed when such a tree is asked for
+
+        return Tree(sequoia_parents(budget, max_depth, acceptance), "without_replacement",
+                    name=f"Sequoia({budget}, depth {max_depth})")

@@ -66,8 +66,10 @@ class SpeculativeEngine:
     """
 
     def __init__(self, target: Backend, draft: Backend | None = None, strategy=None,
-                 sampling: SamplingParams | None = None) -> None:
+                 sampling: SamplingParams | None = None, *, rng_factory=Rng) -> None:
         self.target = target
+        # the random source is injectable so that tests can enumerate every random path exactly
+        self.rng_factory = rng_factory
         self.draft = draft
         self.strategy = strategy if strategy is not None else Baseline()
         self.sampling = sampling if sampling is not None else SamplingParams()
@@ -112,7 +114,7 @@ class SpeculativeEngine:
         if bad:
             raise ValueError(f"prompt token ids out of the vocabulary (size {self.target.vocab_size}): {bad[:5]}")
         params = self.sampling
-        rng = Rng(params.seed)
+        rng = self.rng_factory(params.seed)
         drafter = self._make_drafter(rng)
         eos = self.target.eos_ids
         self.last_result = None

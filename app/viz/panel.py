@@ -1,9 +1,31 @@
-"""The right-hand live panel of the main window (interface fixed; contents are built by the visualisation work)."""
+"""The right-hand live panel of the main window: the draft tree with its timeline, the plots, and the planner.
+
+The chat window calls ``on_generation_started``, ``on_step`` and ``on_finished`` (interface fixed). Optional extras:
+``set_strategy`` (before a generation) lets the tree show the planned shape; ``set_plan`` fills the Planner tab.
+"""
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QTabWidget, QVBoxLayout, QWidget
 
+from app.viz.planner_view import PlannerSnapshot, PlannerView
+from app.viz.plots import PlotsWidget
+from app.viz.tree_view import TreeReplay
 from core.events import GenerationResult, StepEvent
+
+
+def stats_line(event: StepEvent | None, result: GenerationResult | None = None) -> str:
+    """The one-line summary above the tabs, from engine timestamps only."""
+    stats = result.stats if result is not None else event.stats if event is not None else None
+    if stats is None:
+        return "Live view: waiting for an answer."
+    ttft = f"{stats.time_to_first_token * 1000:.0f} ms" if stats.time_to_first_token is not None else "-"
+    line = (f"{stats.tokens_per_second:.1f} tok/s \u00b7 first token {ttft} \u00b7 {stats.new_tokens} tokens in "
+            f"{stats.target_calls} target calls ({stats.tokens_per_call:.2f} per call)")
+    if stats.drafted:
+        line += f" \u00b7 drafted {stats.drafted}, accepted {stats.accepted} ({stats.accepted / stats.drafted:.0%})"
+    if result is not None:
+        line += f" \u00b7 stopped: {result.stop_reason.value}"
+    return line
 
 
 class VizPanel(QWidget):
@@ -11,15 +33,45 @@ class VizPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.summary = QLabel(stats_line(None))
+        self.summary.setWordWrap(True)
+        self.tree = TreeReplay()
+        self.plots = PlotsWidget()
+        self.planner = PlannerView()
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.tree, "Tree")
+        self.tabs.addTab(self.plots, "Plots")
+        self.tabs.addTab(self.planner, "Planner")
         layout = QVBoxLayout(self)
-        self._label = QLabel("Live view")
-        layout.addWidget(self._label)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.tabs, 1)
+        self._shape: tuple[int, ...] | None = None
+        self.label = ""
+
+    def set_strategy(self, strategy) -> None:
+        """The strategy of the next answer; its planned tree shape (``parents``), if any, is drawn faintly."""
+        parents = getattr(strategy, "parents", None)
+        self._shape = tuple(parents) if parents else None
+
+    def set_plan(self, snapshot: PlannerSnapshot) -> None:
+        """Show what the planner measured and chose."""
+        self.planner.show_snapshot(snapshot)
 
     def on_generation_started(self, strategy_label: str) -> None:
         """A new answer starts: clear the previous one's data."""
+        self.label = strategy_label
+        self.tree.reset(self._shape)
+        self.plots.reset()
+        self.summary.setText(f"{strategy_label}: generating\u2026")
 
     def on_step(self, event: StepEvent) -> None:
         """One verification step of the current answer."""
+        self.tree.add_step(event)
+        self.plots.add_step(event)
+        self.summary.setText(stats_line(event))
 
     def on_finished(self, result: GenerationResult) -> None:
         """The answer ended (EOS, limit, cancel)."""
+        self.plots.refresh()
+        self.summary.setText(stats_line(None, result))

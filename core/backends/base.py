@@ -6,7 +6,9 @@ other node of the tree. The engine never touches a backend's tensors.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+import hashlib
+import json
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -19,6 +21,10 @@ class BackendError(RuntimeError):
 
 class ContextLengthError(BackendError):
     """The tokens asked for do not fit in the model's context window."""
+
+
+class ModelLoadError(BackendError):
+    """A model could not be loaded; the message names the file or package and what to do about it."""
 
 
 @runtime_checkable
@@ -70,3 +76,19 @@ def check_fits(backend: Backend, needed: int) -> None:
         raise ContextLengthError(
             f"{backend.name}: {needed} tokens do not fit in the context window of {backend.context_length} tokens"
         )
+
+
+def tokenizer_digest(pieces: Sequence[str | None], added: Mapping[int, bool]) -> str:
+    """A backend-independent digest of a tokenizer, so that HF and llama.cpp loads of one tokenizer compare equal.
+
+    ``pieces`` are the token strings in id order (None for an id the tokenizer does not use); ``added`` maps the ids
+    of added tokens to whether they are control (special) tokens. GGUF converters fill unused ids with ``[PAD<id>]``
+    that a transformers tokenizer does not have, so such fillers count as unused, and trailing unused ids are dropped.
+    """
+    normalised = [None if p is None or p == f"[PAD{i}]" else p for i, p in enumerate(pieces)]
+    while normalised and normalised[-1] is None:
+        normalised.pop()
+    h = hashlib.sha256()
+    h.update(json.dumps(normalised, ensure_ascii=False).encode())
+    h.update(json.dumps(sorted((int(i), bool(c)) for i, c in added.items())).encode())
+    return h.hexdigest()

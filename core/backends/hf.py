@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Sequence
 
 import torch
 
-from core.backends.base import BackendError, check_fits
+from core.backends.base import BackendError, check_fits, tokenizer_digest
 from core.tree import TokenTree
 
 
@@ -73,14 +72,14 @@ class HFBackend:
         return [int(t) for t in out]
 
     def fingerprint(self) -> str:
-        h = hashlib.sha256()
         if self.tokenizer is None:
-            h.update(f"no-tokenizer:{self.vocab_size}".encode())
-        else:
-            vocab = self.tokenizer.get_vocab()
-            h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=False).encode())
-            h.update(json.dumps(sorted(map(str, self.tokenizer.all_special_tokens))).encode())
-        return h.hexdigest()
+            return hashlib.sha256(f"no-tokenizer:{self.vocab_size}".encode()).hexdigest()
+        vocab = self.tokenizer.get_vocab()
+        pieces: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+        for piece, i in vocab.items():
+            pieces[i] = piece
+        added = {int(i): bool(t.special) for i, t in self.tokenizer.added_tokens_decoder.items()}
+        return tokenizer_digest(pieces, added)
 
     # -- cache -------------------------------------------------------------------------------------------------
     @property

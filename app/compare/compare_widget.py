@@ -1,0 +1,302 @@
+"""Compare mode: one prompt decoded by Baseline, then by the chosen strategy, raced side by side.
+
+The two runs go one after the other on the same worker machinery as the chat (app.worker), then both recordings are
+replayed on a shared clock at their engine timestamps, so the panes race as they would have run, and the verdict
+(speedup, tokens/s, time to first token, greedy identity) and a "fastest" badge appear.
+"""
+from __future__ import annotations
+
+import html
+import time
+from typing import Callable, Sequence
+
+from PySide6.QtCore import QTimer, Qt, Signal
+from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QPushButton, QTextEdit, QVBoxLayout, QWidget)
+
+from app.compare.race import RaceSummary, RunReplay, summarize
+from app.worker import EngineWorker, start_worker
+from core.drafting import Baseline
+from core.events import GenerationResult, Origin
+
+REPLAY_HZ = 30
+DRAFT_TINT = "#c8f0d2"
+BADGE_STYLE = "background:#1e8e3e; color:white; border-radius:8px; padding:2px 8px; font-weight:bold;"
+
+
+def pieces_html(pieces: Sequence[tuple[str, Origin]]) -> str:
+    """Answer text with accepted draft tokens tinted green, as in the chat."""
+    out = []
+    for text, origin in pieces:
+        t = html.escape(text).replace("\n", "<br>")
+        out.append(f"<span style='background:{DRAFT_TINT}'>{t}</span>" if origin == Origin.DRAFT else t)
+    return "<span style='white-space:pre-wrap; font-family:\"DejaVu Sans Mono\"'>" + "".join(out) + "</span>"
+
+
+class RacePane(QFrame):
+    """One contestant: its name, a badge when it wins, the streaming answer and live numbers."""
+
+    def __init__(self, title: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setFrameShape(QFrame.StyledPanel)
+        self.title = QLabel(f"<b>{html.escape(title)}</b>")
+        self.badge = QLabel("\u26a1 fastest")
+        self.badge.setStyleSheet(BADGE_STYLE)
+        self.badge.hide()
+        self.text = QTextEdit()
+        self.text.setReadOnly(True)
+        self.numbers = QLabel("waiting\u2026")
+        self.numbers.setStyleSheet("font-family:'DejaVu Sans Mono'; font-size:9pt;")
+        head = QHBoxLayout()
+        head.addWidget(self.title)
+        head.addStretch(1)
+        head.addWidget(self.badge)
+        layout = QVBoxLayout(self)
+        layout.addLayout(head)
+        layout.addWidget(self.text, 1)
+        layout.addWidget(self.numbers)
+        self._shown = -1
+
+    def set_title(self, title: str) -> None:
+        self.title.setText(f"<b>{html.escape(title)}</b>")
+
+    def show_at(self, run: RunReplay, t: float) -> None:
+        """Show what ``run`` had produced ``t`` seconds in."""
+        k = run.steps_at(t)
+        if k != self._shown:
+            self._shown = k
+            self.text.setHtml(pieces_html(run.pieces_at(t)))
+            self.text.verticalScrollBar().setValue(self.text.verticalScrollBar().maximum())
+        stats = run.result.steps[k - 1].stats if k else None
+        done = k == len(run.result.steps)
+        if stats is None:
+            self.numbers.setText(f"{min(t, run.duration):5.2f} s \u00b7 prefill\u2026")
+            return
+        ttft = stats.time_to_first_token or 0.0
+        state = "done" if done else "running"
+        self.numbers.setText(f"{min(t, run.duration):5.2f} s \u00b7 {stats.new_tokens} tokens \u00b7 "
+                             f"{stats.tokens_per_second:6.1f} tok/s \u00b7 first token {ttft * 1000:.0f} ms \u00b7 "
+                             f"{stats.tokens_per_call:.2f} tok/call \u00b7 {state}")
+
+    def reset(self, title: str) -> None:
+        self.set_title(title)
+        self.badge.hide()
+        self.text.clear()
+        self.numbers.setText("waiting\u2026")
+        self._shown = -1
+
+
+class CompareWidget(QWidget):
+    """Race Baseline against a strategy on one prompt.
+
+    ``make_engine(strategy)`` builds a SpeculativeEngine on the loaded models for that strategy; it is called on the
+    worker thread, once per run. Call :meth:`start` with the prompt's token ids.
+    """
+
+    runsFinished = Signal(object)   # RaceSummary, once both runs are recorded (the replay then starts)
+    raceFinished = Signal(object)   # RaceSummary, when the replay reaches the end
+    failed = Signal(str)
+
+    def __init__(self, make_engine: Callable[[object], object], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._make_engine = make_engine
+        self.status = QLabel("Race plain decoding against the chosen strategy on the same prompt.")
+        self.status.setWordWrap(True)
+        self.verdict = QLabel("")
+        self.verdict.setWordWrap(True)
+        self.verdict.setTextFormat(Qt.RichText)
+        self.verdict.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.verdict.setMinimumHeight(64)
+        self.verdict.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        self.replay_button = QPushButton("Replay race")
+        self.replay_button.setEnabled(False)
+        self.replay_button.setToolTip("Run the race again from the recordings")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.left = RacePane("Baseline")
+        self.right = RacePane("Speculative")
+        panes = QHBoxLayout()
+        panes.addWidget(self.left, 1)
+        panes.addWidget(self.right, 1)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.status, 1)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.replay_button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(buttons)
+        layout.addLayout(panes, 1)
+        layout.addWidget(self.verdict)
+        self.replay_button.clicked.connect(self.replay)
+        self.stop_button.clicked.connect(self.stop)
+
+        self.summary: RaceSummary | None = None
+        self.clock = 0.0
+        self.speed = 1.0
+        self._timer = QTimer(self)
+        self._timer.setInterval(int(1000 / REPLAY_HZ))
+        self._timer.timeout.connect(self._tick)
+        self._wall0 = 0.0
+        self._queue: list[object] = []
+        self._results: list[tuple[str, GenerationResult]] = []
+        self._worker: EngineWorker | None = None
+        self._thread = None
+        self._prompt: list[int] = []
+        self._running_label = ""
+        self._contender = None
+        self._max_new = 0
+
+    # -- running ---------------------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._worker is not None
+
+    def start(self, prompt_ids: Sequence[int], strategy, max_new_tokens: int = 128) -> None:
+        """Decode ``prompt_ids`` with Baseline, then with ``strategy``, then race the recordings."""
+        if self.running:
+            raise RuntimeError("a race is already running: stop it first")
+        if isinstance(strategy, Baseline):
+            raise ValueError("choose a speculative strategy to race against Baseline")
+        if not prompt_ids:
+            raise ValueError("the race needs a prompt: type one in the chat first")
+        self._timer.stop()
+        self.summary = None
+        self.verdict.setText("")
+        self.replay_button.setEnabled(False)
+        self.left.reset("Baseline")
+        self.right.reset(getattr(strategy, "label", "Speculative"))
+        self._prompt, self._max_new = list(prompt_ids), max_new_tokens
+        self._contender = strategy
+        self._queue = [Baseline(), strategy]
+        self._results = []
+        self._next_run()
+
+    def stop(self, wait: bool = False) -> None:
+        """Cancel the run in progress (the race is then abandoned) or stop the replay.
+
+        ``wait`` blocks until the worker thread has ended (the engine checks between steps), before closing.
+        """
+        if self._worker is not None:
+            self._queue = []
+            self._worker.cancel()
+            if wait and self._thread is not None:
+                self._thread.wait()
+        self._timer.stop()
+
+    def _next_run(self) -> None:
+        strategy = self._queue.pop(0)
+        label = strategy.label
+        n = len(self._results) + 1
+        self.status.setText(f"Run {n} of 2: decoding with {label} (runs go one after the other on the same "
+                            "device, then race on the recorded timestamps)\u2026")
+        self.stop_button.setEnabled(True)
+        build = self._warm_then_make if not self._results else self._make_engine
+        self._worker = EngineWorker(lambda s=strategy: build(s), self._prompt, self._max_new)
+        self._worker.step.connect(self._on_progress)
+        self._running_label = label
+        # bound methods of this GUI-thread object, so the queued signals land on the GUI thread
+        self._worker.finished.connect(self._on_run_done)
+        self._worker.failed.connect(self._on_failed)
+        self._thread = start_worker(self._worker, self)
+
+    def _warm_then_make(self, strategy) -> object:
+        # Runs on the worker thread before the first timed run: a 2-token decode with the contender touches both
+        # models, so the baseline does not pay the one-off warm-up (allocations, caches) alone.
+        self._make_engine(self._contender).generate(self._prompt, 2)
+        return self._make_engine(strategy)
+
+    def _on_progress(self, event) -> None:
+        n = len(self._results) + 1
+        self.status.setText(f"Run {n} of 2: {event.strategy}, {event.stats.new_tokens} tokens so far\u2026")
+
+    def _on_run_done(self, result: GenerationResult) -> None:
+        label = self._running_label
+        self._worker = None
+        self.stop_button.setEnabled(False)
+        if result.stop_reason.value == "cancelled":
+            self._queue = []
+            self.status.setText("Race stopped.")
+            return
+        self._results.append((label, result))
+        if self._queue:
+            self._next_run()
+            return
+        (base_label, base), (other_label, other) = self._results
+        self.summary = summarize(base_label, base, other_label, other)
+        self.runsFinished.emit(self.summary)
+        self.replay()
+
+    def _on_failed(self, message: str) -> None:
+        self._worker = None
+        self._queue = []
+        self.stop_button.setEnabled(False)
+        self.status.setText(f"The race failed: {message}")
+        self.failed.emit(message)
+
+    # -- replay ----------------------------------------------------------------------------------------------
+    def replay(self) -> None:
+        """Race the two recordings from t = 0 on a shared clock (``speed`` times real time)."""
+        if self.summary is None:
+            return
+        self.left.badge.hide()
+        self.right.badge.hide()
+        self.verdict.setText("")
+        self.status.setText("Racing the recorded runs on one clock\u2026")
+        self.replay_button.setEnabled(False)
+        self._wall0 = time.perf_counter()
+        self.set_clock(0.0)
+        self._timer.start()
+
+    def set_clock(self, t: float) -> None:
+        """Show both panes as they were ``t`` seconds after their prompts; the verdict appears at the end."""
+        s = self.summary
+        if s is None:
+            return
+        self.clock = t
+        self.left.show_at(s.baseline, t)
+        self.right.show_at(s.other, t)
+        if t >= max(s.baseline.duration, s.other.duration):
+            self._timer.stop()
+            self._show_verdict()
+
+    def finish_replay(self) -> None:
+        """Jump to the end of the race."""
+        if self.summary is not None:
+            self.set_clock(max(self.summary.baseline.duration, self.summary.other.duration))
+
+    def _tick(self) -> None:
+        self.set_clock((time.perf_counter() - self._wall0) * self.speed)
+
+    def _show_verdict(self) -> None:
+        s = self.summary
+        winner = self.right if s.fastest == s.other.label else self.left
+        winner.badge.show()
+        b, o = s.baseline.result.stats, s.other.result.stats
+        faster = s.speedup >= 1.0
+        colour = "#1e8e3e" if faster else "#c62828"
+        word = "faster" if faster else "SLOWER: speculation does not pay for this prompt on this machine"
+        ttft_b = (b.time_to_first_token or 0) * 1000
+        ttft_o = (o.time_to_first_token or 0) * 1000
+        self.verdict.setText(
+            f"<span style='font-size:13pt; color:{colour}'><b>{s.speedup:.2f}\u00d7</b> decode speed</span> "
+            f"({word}) \u2014 {s.other.label} {o.tokens_per_second:.1f} tok/s vs Baseline "
+            f"{b.tokens_per_second:.1f} tok/s; whole answer {s.wall_speedup:.2f}\u00d7; first token "
+            f"{ttft_o:.0f} ms vs {ttft_b:.0f} ms; {o.tokens_per_call:.2f} tokens per target call.<br>"
+            f"{html.escape(s.identity_text())}")
+        self.status.setText("Race finished. Replay it, or start another from the chat.")
+        self.replay_button.setEnabled(True)
+        self.raceFinished.emit(s)
+
+
+class CompareDialog(QDialog):
+    """A window around CompareWidget, for the main window's Compare action."""
+
+    def __init__(self, make_engine: Callable[[object], object], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("SpecLens \u2014 race against plain decoding")
+        self.resize(1100, 640)
+        self.compare = CompareWidget(make_engine, self)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.compare)
+
+    def closeEvent(self, event) -> None:
+        self.compare.stop(wait=True)
+        super().closeEvent(event)

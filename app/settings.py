@@ -1,0 +1,231 @@
+"""The window's settings: what they are, where they live (QSettings in the data folder), and the engine objects
+they describe (the model pair to load, the decoding strategy, the sampling parameters).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import QSettings
+
+from core.drafting import Baseline, Chain, MultiDraft, Tree
+from core.sampling import SamplingParams
+
+REGISTRY_PAIRS = ("default", "tiny")
+CUSTOM_PAIR = "custom"
+BACKENDS = ("llama.cpp", "hf")
+MAX_TREE_NODES = 64
+
+
+class SettingsError(ValueError):
+    """A setting that cannot describe a valid strategy, pair or sampling configuration."""
+
+
+def data_dir() -> Path:
+    """The user data folder (history, settings); ``SPECLENS_DATA_DIR`` overrides it, e.g. for tests."""
+    override = os.environ.get("SPECLENS_DATA_DIR")
+    if override:
+        return Path(override)
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("speclens"))
+
+
+def available_devices() -> list[str]:
+    """Devices the engine can run on here: always the CPU, plus CUDA when torch sees a GPU."""
+    import torch
+
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@dataclass(frozen=True)
+class PairChoice:
+    """Which model pair to load: a registry name, or a custom target/draft pair of GGUF files or model folders."""
+
+    name: str
+    backend: str
+    device: str
+    target_path: str = ""
+    draft_path: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.name == CUSTOM_PAIR:
+            return f"{Path(self.target_path).name} + {Path(self.draft_path).name}"
+        return self.name
+
+
+@dataclass(frozen=True)
+class StrategyOption:
+    """One entry of the strategy menu: a key stored in the settings, a label, and what builds it."""
+
+    key: str
+    label: str
+    build: Callable[["AppSettings"], object]
+    help: str
+
+
+def parse_branching(text: str) -> tuple[int, ...]:
+    """'2,2,1' -> (2, 2, 1): children per node at each level of a static tree."""
+    try:
+        widths = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError:
+        raise SettingsError(f"tree branching must be integers separated by commas, like 2,2,1; got {text!r}") from None
+    if not widths or any(w < 1 for w in widths):
+        raise SettingsError(f"tree branching needs at least one level and every width >= 1; got {text!r}")
+    return widths
+
+
+def branching_parents(widths: tuple[int, ...]) -> tuple[int, ...]:
+    """Parent indices, breadth first, of the tree where every node at level l has widths[l] children."""
+    parents: list[int] = []
+    level = [-1]
+    for width in widths:
+        nxt = []
+        for parent in level:
+            for _ in range(width):
+                parents.append(parent)
+                nxt.append(len(parents) - 1)
+        level = nxt
+        if len(parents) > MAX_TREE_NODES:
+            raise SettingsError(f"this tree has more than {MAX_TREE_NODES} nodes: use smaller widths or fewer levels")
+    return tuple(parents)
+
+
+def _tree(s: "AppSettings") -> Tree:
+    widths = parse_branching(s.tree_branching)
+    return Tree(branching_parents(widths), name=f"Tree({'x'.join(map(str, widths))})")
+
+
+def _sequoia(s: "AppSettings") -> Tree:
+    if hasattr(Tree, "sequoia"):
+        return Tree.sequoia(budget=s.tree_budget, max_depth=s.tree_depth)
+    from core.sequoia import sequoia_parents
+
+    return Tree(sequoia_parents(s.tree_budget, s.tree_depth), name=f"Sequoia({s.tree_budget}, depth {s.tree_depth})")
+
+
+def _auto(s: "AppSettings"):
+    return importlib.import_module("core.planner").Auto()
+
+
+def _importable(module: str, attr: str) -> bool:
+    try:
+        return hasattr(importlib.import_module(module), attr)
+    except ImportError:
+        return False
+
+
+def strategy_options() -> list[StrategyOption]:
+    """The strategies this installation offers; Sequoia and Auto only when their modules are present."""
+    options = [
+        StrategyOption("baseline", "Baseline (target alone)", lambda s: Baseline(),
+                       "The target model alone, one token per call: the reference speed."),
+        StrategyOption("chain", "Chain", lambda s: Chain(s.chain_k),
+                       "The draft proposes k tokens in a row; the target checks them in one call."),
+        StrategyOption("multidraft", "MultiDraft", lambda s: MultiDraft(s.multi_k, s.multi_length),
+                       "k independent draft sequences verified together as one tree (SpecTr)."),
+        StrategyOption("tree", "Tree (static shape)", _tree,
+                       "A fixed tree: children per node at each level, e.g. 2,2,1 (SpecInfer-style)."),
+    ]
+    if hasattr(Tree, "sequoia") or _importable("core.sequoia", "sequoia_parents"):
+        options.append(StrategyOption("sequoia", "Tree / Sequoia", _sequoia,
+                                      "The best tree for a node budget and depth (Sequoia dynamic program)."))
+    if _importable("core.planner", "Auto"):
+        options.append(StrategyOption("auto", "Auto", _auto,
+                                      "Measures this machine and picks what pays, plain decoding included."))
+    return options
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """Everything the settings dialog edits. Persisted field by field in QSettings."""
+
+    pair: str = "default"
+    target_path: str = ""
+    draft_path: str = ""
+    backend: str = "llama.cpp"
+    device: str = "cpu"
+    strategy: str = "chain"
+    chain_k: int = 4
+    multi_k: int = 2
+    multi_length: int = 3
+    tree_branching: str = "2,2,1"
+    tree_budget: int = 16
+    tree_depth: int = 6
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = -1                 # -1: a fresh random seed for every answer
+    max_new_tokens: int = 512
+    theme: str = "light"
+    color_origins: bool = True
+
+    def pair_choice(self) -> PairChoice:
+        """The model pair these settings ask for."""
+        if self.pair not in REGISTRY_PAIRS + (CUSTOM_PAIR,):
+            raise SettingsError(f"unknown model pair {self.pair!r}; choose one of {', '.join(REGISTRY_PAIRS)} or custom")
+        if self.backend not in BACKENDS:
+            raise SettingsError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.pair == CUSTOM_PAIR and not (self.target_path and self.draft_path):
+            raise SettingsError("a custom pair needs both a target and a draft model (GGUF file or folder)")
+        paths = (self.target_path, self.draft_path) if self.pair == CUSTOM_PAIR else ("", "")
+        return PairChoice(self.pair, self.backend, self.device, *paths)
+
+    def sampling(self) -> SamplingParams:
+        """The sampling parameters; raises core.sampling.SamplingError on a bad value."""
+        return SamplingParams(temperature=float(self.temperature), top_k=int(self.top_k), top_p=float(self.top_p),
+                              seed=None if self.seed < 0 else int(self.seed))
+
+    def strategy_option(self) -> StrategyOption:
+        options = {o.key: o for o in strategy_options()}
+        if self.strategy not in options:
+            raise SettingsError(f"strategy {self.strategy!r} is not available here; choose one of "
+                                f"{', '.join(options)}")
+        return options[self.strategy]
+
+    def build_strategy(self):
+        """The strategy object; raises SettingsError (or the strategy's ValueError) on bad parameters."""
+        try:
+            return self.strategy_option().build(self)
+        except SettingsError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise SettingsError(f"{self.strategy_option().label}: {exc}") from exc
+
+
+def settings_store() -> QSettings:
+    """The QSettings file in the data folder (an INI file, so tests and users can find and reset it)."""
+    path = data_dir() / "settings.ini"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return QSettings(str(path), QSettings.Format.IniFormat)
+
+
+def load_settings(**overrides) -> AppSettings:
+    """The saved settings (defaults for anything missing or unreadable), with ``overrides`` applied on top."""
+    store = settings_store()
+    values = {}
+    for f in fields(AppSettings):
+        default = f.default
+        raw = store.value(f.name)
+        if raw is None:
+            continue
+        try:
+            if isinstance(default, bool):
+                values[f.name] = raw if isinstance(raw, bool) else str(raw).lower() == "true"
+            else:
+                values[f.name] = type(default)(raw)
+        except (TypeError, ValueError):
+            continue  # a hand-edited or old value: fall back to the default
+    return replace(AppSettings(**values), **{k: v for k, v in overrides.items() if v is not None})
+
+
+def save_settings(settings: AppSettings) -> None:
+    """Persist every field."""
+    store = settings_store()
+    for key, value in asdict(settings).items():
+        store.setValue(key, value)
+    store.sync()

@@ -1,0 +1,353 @@
+"""The draft tree of one verification step, drawn top-down as token boxes, animated from step to step.
+
+Accepted path lit (green), rejected nodes red and dimmed, nodes the target never tested grey, the target's own
+correction (orange) or bonus (blue) token marked with a star, and planned-but-undrafted slots as faint dashed boxes.
+Hover a box for its explanation; a click puts it in the details line and emits ``nodeSelected``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from PySide6.QtCore import QEasingCurve, QPointF, QRectF, Qt, QVariantAnimation, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPen
+from PySide6.QtWidgets import (QGraphicsItem, QGraphicsLineItem, QGraphicsObject, QGraphicsScene, QGraphicsView,
+                               QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget)
+
+from app.viz import tree_layout as tl
+from core.events import Origin, StepEvent
+
+
+@dataclass(frozen=True)
+class Style:
+    fill: str
+    border: str
+    text: str
+    opacity: float = 1.0
+    dashed: bool = False
+    marker: str = ""
+
+
+STYLES = {
+    tl.ROOT: Style("#37474f", "#263238", "#ffffff"),
+    tl.ACCEPTED: Style("#c8f0d2", "#1e8e3e", "#0d3b1a"),
+    tl.REJECTED: Style("#fbd5d5", "#c62828", "#6d1b1b", opacity=0.6),
+    tl.NOT_REACHED: Style("#eceff1", "#b0bec5", "#78909c"),
+    tl.CORRECTION: Style("#ffe0b2", "#e65100", "#5d2c00", marker="\u2605"),
+    tl.BONUS: Style("#d0e2ff", "#1a56db", "#0b2a6b", marker="\u2605"),
+    tl.PLANNED: Style("#ffffff", "#b0bec5", "#b0bec5", opacity=0.45, dashed=True),
+}
+LEGEND = [(tl.ACCEPTED, "accepted"), (tl.REJECTED, "rejected"), (tl.NOT_REACHED, "not reached"),
+          (tl.CORRECTION, "\u2605 correction"), (tl.BONUS, "\u2605 bonus"), (tl.PLANNED, "planned, not drafted")]
+
+BOX_H = 26.0
+MIN_BOX_W = 34.0
+SLOT_W = 74.0
+LEVEL_H = 58.0
+ANIMATION_MS = 260
+
+
+class NodeItem(QGraphicsObject):
+    """One token box; its colours come from ``Style`` and its explanation is the tooltip."""
+
+    def __init__(self, box: tl.Box, font: QFont) -> None:
+        super().__init__()
+        self._font = font
+        self.setAcceptHoverEvents(True)
+        self.setCursor(Qt.PointingHandCursor)
+        self.apply(box)
+
+    def apply(self, box: tl.Box) -> None:
+        self.box = box
+        self.style = STYLES[box.kind]
+        label = f"{self.style.marker}{box.label}" if self.style.marker else box.label
+        self.label = label
+        width = QFontMetricsF(self._font).horizontalAdvance(label) + 14
+        self.width = max(MIN_BOX_W, width)
+        self.setToolTip(box.detail)
+        self.setZValue(2 if box.on_path else 1)
+        self.prepareGeometryChange()
+        self.update()
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(-self.width / 2 - 2, -BOX_H / 2 - 2, self.width + 4, BOX_H + 4)
+
+    def paint(self, painter: QPainter, option, widget=None) -> None:
+        s = self.style
+        pen = QPen(QColor(s.border), 2.6 if self.box.on_path and self.box.kind != tl.ROOT else 1.4)
+        if s.dashed:
+            pen.setStyle(Qt.DashLine)
+        painter.setRenderHint(QPainter.Antialiasing)
+        painter.setPen(pen)
+        painter.setBrush(QBrush(QColor(s.fill)))
+        rect = QRectF(-self.width / 2, -BOX_H / 2, self.width, BOX_H)
+        painter.drawRoundedRect(rect, 6, 6)
+        painter.setFont(self._font)
+        painter.setPen(QColor(s.text))
+        painter.drawText(rect, Qt.AlignCenter, self.label)
+
+
+class TreeView(QGraphicsView):
+    """Shows one StepEvent's tree; ``show_step`` animates to the next one."""
+
+    nodeSelected = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setScene(QGraphicsScene(self))
+        self.setRenderHint(QPainter.Antialiasing)
+        self.setBackgroundBrush(QColor("#fafafa"))
+        self.setMinimumHeight(200)
+        self._font = QFont("DejaVu Sans Mono", 10)
+        self._items: dict[str, NodeItem] = {}
+        self._edges: dict[str, QGraphicsLineItem] = {}
+        self._leaving: list[NodeItem] = []
+        self._start: dict[str, QPointF] = {}
+        self._goal: dict[str, QPointF] = {}
+        self._fresh: set[str] = set()
+        self.event: StepEvent | None = None
+        self.boxes: list[tl.Box] = []
+        self._anim = QVariantAnimation(self)
+        self._anim.setDuration(ANIMATION_MS)
+        self._anim.setStartValue(0.0)
+        self._anim.setEndValue(1.0)
+        self._anim.setEasingCurve(QEasingCurve.OutCubic)
+        self._anim.valueChanged.connect(self._advance)
+        self._anim.finished.connect(self._settle)
+
+    # -- public -----------------------------------------------------------------------------------------------
+    def show_step(self, event: StepEvent, shape: Sequence[int] | None = None, root_text: str = "",
+                  animate: bool = True) -> None:
+        """Draw ``event``'s tree; boxes that keep their slot glide to their new place, new ones grow in."""
+        self._anim.stop()
+        self._settle()
+        self.event = event
+        self.boxes = tl.layout_step(event, shape, root_text)
+        goal = {b.key: QPointF(b.x * SLOT_W, b.depth * LEVEL_H) for b in self.boxes}
+        old = {k: item.pos() for k, item in self._items.items()}
+        for key in [k for k in self._items if k not in goal]:
+            self._leaving.append(self._items.pop(key))
+        self._start, self._goal, self._fresh = {}, goal, set()
+        for box in self.boxes:
+            item = self._items.get(box.key)
+            if item is None:
+                item = NodeItem(box, self._font)
+                self.scene().addItem(item)
+                self._items[box.key] = item
+                self._fresh.add(box.key)
+                origin = old.get(box.parent_key) if box.parent_key else None
+                self._start[box.key] = origin if origin is not None else goal.get(box.parent_key, goal[box.key])
+            else:
+                item.apply(box)
+                self._start[box.key] = old[box.key]
+        self._sync_edges()
+        self._fit()
+        if animate and (self._fresh or self._leaving or any(self._start[k] != goal[k] for k in goal)):
+            self._advance(0.0)
+            self._anim.start()
+        else:
+            self._settle()
+
+    def clear(self) -> None:
+        """Forget the drawing (a new answer starts)."""
+        self._anim.stop()
+        self.scene().clear()
+        self._items, self._edges, self._leaving = {}, {}, []
+        self.event, self.boxes = None, []
+
+    def item(self, key: str) -> NodeItem:
+        """The box drawn for layout key ``key`` (tests and the details line use it)."""
+        return self._items[key]
+
+    def items_by_kind(self) -> dict[str, int]:
+        """How many boxes of each kind are on screen."""
+        counts: dict[str, int] = {}
+        for item in self._items.values():
+            counts[item.box.kind] = counts.get(item.box.kind, 0) + 1
+        return counts
+
+    def finish_animation(self) -> None:
+        """Jump to the end of the running animation (screenshots)."""
+        if self._anim.state() == QVariantAnimation.Running:
+            self._anim.stop()
+        self._settle()
+
+    # -- drawing ----------------------------------------------------------------------------------------------
+    def _advance(self, t: float) -> None:
+        t = float(t)
+        for key, item in self._items.items():
+            a, b = self._start.get(key, self._goal[key]), self._goal[key]
+            item.setPos(a + (b - a) * t)
+            target = item.style.opacity
+            item.setOpacity(target * t if key in self._fresh else target)
+        for item in self._leaving:
+            item.setOpacity(max(0.0, 1.0 - 2 * t) * item.style.opacity)
+        self._place_edges()
+
+    def _settle(self) -> None:
+        for item in self._leaving:
+            self.scene().removeItem(item)
+        self._leaving = []
+        for key, item in self._items.items():
+            item.setPos(self._goal.get(key, item.pos()))
+            item.setOpacity(item.style.opacity)
+        self._fresh = set()
+        self._place_edges()
+
+    def _sync_edges(self) -> None:
+        wanted = {b.key for b in self.boxes if b.parent_key is not None}
+        for key in [k for k in self._edges if k not in wanted]:
+            self.scene().removeItem(self._edges.pop(key))
+        for box in self.boxes:
+            if box.parent_key is None:
+                continue
+            edge = self._edges.get(box.key)
+            if edge is None:
+                edge = QGraphicsLineItem()
+                edge.setZValue(0)
+                self.scene().addItem(edge)
+                self._edges[box.key] = edge
+            style = STYLES[box.kind]
+            pen = QPen(QColor(style.border), 2.4 if box.on_path else 1.0)
+            if style.dashed or box.kind == tl.NOT_REACHED:
+                pen.setStyle(Qt.DashLine)
+            edge.setPen(pen)
+            edge.setOpacity(style.opacity)
+
+    def _place_edges(self) -> None:
+        for box in self.boxes:
+            edge = self._edges.get(box.key)
+            if edge is None:
+                continue
+            child, parent = self._items[box.key].pos(), self._items[box.parent_key].pos()
+            edge.setLine(parent.x(), parent.y() + BOX_H / 2, child.x(), child.y() - BOX_H / 2)
+
+    def _fit(self) -> None:
+        xs = [b.x * SLOT_W for b in self.boxes]
+        ys = [b.depth * LEVEL_H for b in self.boxes]
+        rect = QRectF(min(xs) - SLOT_W, min(ys) - LEVEL_H / 2, max(xs) - min(xs) + 2 * SLOT_W,
+                      max(ys) - min(ys) + LEVEL_H)
+        self.scene().setSceneRect(rect)
+        self.resetTransform()
+        view = self.viewport().rect()
+        # shrink wide trees to fit; enlarge small ones a little, no more, so boxes stay like text
+        scale = min(1.5, view.width() / rect.width(), view.height() / rect.height()) if view.width() > 0 else 1.0
+        self.scale(scale, scale)
+        self.centerOn(rect.center())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if self.boxes:
+            self._fit()
+
+    def mousePressEvent(self, event) -> None:
+        item = self.itemAt(event.position().toPoint())
+        while item is not None and not isinstance(item, NodeItem):
+            item = item.parentItem()
+        if isinstance(item, NodeItem):
+            self.nodeSelected.emit(item.box.detail)
+        super().mousePressEvent(event)
+
+
+def legend_html() -> str:
+    """The colour key under the tree, as rich text."""
+    cells = []
+    for kind, name in LEGEND:
+        s = STYLES[kind]
+        border = "dashed" if s.dashed else "solid"
+        cells.append(f"<span style='background:{s.fill}; color:{s.text}; border:1px {border} {s.border};'>"
+                     f"&nbsp;{name}&nbsp;</span>")
+    return "&nbsp;&nbsp;".join(cells)
+
+
+class TreeReplay(QWidget):
+    """The tree view with a timeline slider over the answer's steps, a step caption, a legend and a details line.
+
+    While the slider sits at the last step it follows new steps live; moved back, it replays that step and stays.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.view = TreeView(self)
+        self.caption = QLabel("No answer yet: send a prompt to see its draft trees.")
+        self.caption.setWordWrap(True)
+        self.slider = QSlider(Qt.Horizontal)
+        self.slider.setEnabled(False)
+        self.slider.setToolTip("Replay any step of the answer")
+        self.step_label = QLabel("step -/-")
+        self.legend = QLabel(legend_html())
+        self.legend.setTextFormat(Qt.RichText)
+        self.legend.setWordWrap(True)
+        self.details = QLabel("Hover or click a token box for q, p and why it was kept or not.")
+        self.details.setWordWrap(True)
+        self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.details.setStyleSheet("font-family: 'DejaVu Sans Mono'; font-size: 9pt;")
+        self.details.setMinimumHeight(54)
+        self.details.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        row = QHBoxLayout()
+        row.addWidget(self.slider, 1)
+        row.addWidget(self.step_label)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.caption)
+        layout.addWidget(self.view, 1)
+        layout.addLayout(row)
+        layout.addWidget(self.legend)
+        layout.addWidget(self.details)
+        self.events: list[StepEvent] = []
+        self.shape: tuple[int, ...] | None = None
+        self.slider.valueChanged.connect(self._on_slider)
+        self.view.nodeSelected.connect(self.details.setText)
+
+    def reset(self, shape: Sequence[int] | None = None) -> None:
+        """A new answer: forget past steps; ``shape`` is the planned tree (parents) when the strategy has one."""
+        self.events = []
+        self.shape = tuple(shape) if shape else None
+        self.view.clear()
+        self.slider.blockSignals(True)
+        self.slider.setRange(0, 0)
+        self.slider.setEnabled(False)
+        self.slider.blockSignals(False)
+        self.step_label.setText("step -/-")
+
+    def add_step(self, event: StepEvent) -> None:
+        """Record a live step; show it if the slider is following the newest step."""
+        following = not self.events or self.slider.value() == len(self.events) - 1
+        self.events.append(event)
+        self.slider.blockSignals(True)
+        self.slider.setRange(0, len(self.events) - 1)
+        self.slider.setEnabled(len(self.events) > 1)
+        if following:
+            self.slider.setValue(len(self.events) - 1)
+        self.slider.blockSignals(False)
+        if following:
+            self.show_index(len(self.events) - 1)
+        else:
+            self._update_label(self.slider.value())
+
+    def show_index(self, i: int, animate: bool = True) -> None:
+        """Draw step ``i`` of the answer (0-based)."""
+        if not 0 <= i < len(self.events):
+            raise IndexError(f"step {i} does not exist: the answer has {len(self.events)} steps")
+        event = self.events[i]
+        root = self.events[i - 1].token_texts[-1] if i > 0 and self.events[i - 1].token_texts else ""
+        self.view.show_step(event, self.shape, root, animate)
+        if self.slider.value() != i:
+            self.slider.blockSignals(True)
+            self.slider.setValue(i)
+            self.slider.blockSignals(False)
+        self._update_label(i)
+
+    def _on_slider(self, value: int) -> None:
+        if self.events:
+            self.show_index(value)
+
+    def _update_label(self, i: int) -> None:
+        e = self.events[i]
+        self.step_label.setText(f"step {i + 1}/{len(self.events)}")
+        kept = sum(1 for n in e.nodes if n.fate.value == tl.ACCEPTED)
+        extra = e.origins[-1].value if e.origins and e.origins[-1] != Origin.DRAFT else ""
+        self.caption.setText(
+            f"{e.strategy or 'step'} \u2014 step {e.step + 1}: drafted {len(e.nodes)}, accepted {kept}"
+            + (f", + 1 {extra} token" if extra else "")
+            + f" \u2192 {len(e.tokens)} token{'s' if len(e.tokens) != 1 else ''} this target call"
+            + (f" \u2014 {e.note}" if e.note else ""))

@@ -1,0 +1,407 @@
+"""llama.cpp backend over llama-cpp-python's low-level API: a whole token tree evaluated in one ``llama_decode``.
+
+How a tree fits in one batch: the KV cache is unified (one cell pool shared by all sequences) and every cell carries a
+set of sequence ids. Sequence 0 holds the committed tokens. Each leaf of the tree gets a sequence of its own, which
+is first made to cover the committed prefix and the already-cached ancestors (``llama_memory_seq_cp``, then
+``llama_memory_seq_rm`` of whatever lies deeper), and every tree node carries the sequences of all leaves below it.
+A token attends to the cells sharing its sequence at positions up to its own, which is exactly the committed prefix
+plus its ancestors: tree attention without a mask. ``commit`` keeps the accepted path's sequence only
+(``llama_memory_seq_keep``), cuts it after the path and hands it back to sequence 0.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from core.backends.base import BackendError, ModelLoadError, check_fits, tokenizer_digest
+from core.tree import TokenTree
+
+DEFAULT_CONTEXT = 4096
+GGUF_MAGIC = b"GGUF"
+_COMMITTED_SEQ = 0
+
+# llama.cpp logs through one global callback; keep its recent lines to explain a failure instead of printing them
+_LOG_LINES: collections.deque[str] = collections.deque(maxlen=40)
+_LOG_CALLBACK = None
+
+
+def _install_log_capture() -> None:
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is not None:
+        return
+    import llama_cpp
+
+    @llama_cpp.llama_log_callback
+    def capture(level: int, text: bytes, user_data) -> None:
+        _LOG_LINES.append(text.decode("utf-8", errors="replace"))
+
+    _LOG_CALLBACK = capture
+    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+
+
+def _log_errors() -> str:
+    """The recent llama.cpp log lines that look like errors, joined, for an error message."""
+    lines = [ln.strip() for ln in _LOG_LINES if "error" in ln.lower() or "failed" in ln.lower()]
+    return "; ".join(dict.fromkeys(ln for ln in lines if ln))[-600:]
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_gguf_file(path: str | Path) -> Path:
+    """Raise ModelLoadError unless ``path`` is an existing file that starts like a GGUF file; return it as a Path."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model file {path} does not exist")
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is a folder, not a GGUF model file")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF model file (it does not start with the GGUF signature)")
+    return path
+
+
+class LlamaCppBackend:
+    """One GGUF model in llama.cpp, implementing the Backend protocol (see core/backends/base.py).
+
+    ``n_ctx=None`` takes the smaller of 4096 and the model's training context; asking for more than the training
+    context is a ModelLoadError. ``n_threads`` defaults to every core this process may use. ``n_seq_max`` bounds
+    the leaves of one tree (one sequence each, plus the committed one). ``n_batch`` bounds the nodes of one call.
+    """
+
+    def __init__(self, model_path: str | Path, n_ctx: int | None = DEFAULT_CONTEXT, n_threads: int | None = None,
+                 n_seq_max: int = 64, n_batch: int = 512, device: str | None = None, name: str | None = None) -> None:
+        import llama_cpp
+
+        self._lib = llama_cpp
+        self._model = self._ctx = self._batch = None
+        path = check_gguf_file(model_path)
+        _install_log_capture()
+        gpu = llama_cpp.llama_supports_gpu_offload() and device not in ("cpu",)
+        if device not in (None, "cpu") and not gpu:
+            raise ModelLoadError(f"this llama-cpp-python build runs on the CPU only; device {device!r} is unavailable")
+        self.device = "gpu" if gpu else "cpu"
+        self.name = name or path.name
+        self.path = path
+
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = -1 if gpu else 0
+        _LOG_LINES.clear()
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            detail = _log_errors() or "llama.cpp could not read it"
+            raise ModelLoadError(f"cannot load {path}: the file is damaged, truncated or of an unsupported "
+                                 f"architecture ({detail})")
+        n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        if n_ctx is None:
+            n_ctx = min(DEFAULT_CONTEXT, n_ctx_train)
+        if not isinstance(n_ctx, int) or n_ctx < 8:
+            self.close()
+            raise ModelLoadError(f"context size must be an integer of at least 8 tokens, got {n_ctx!r}")
+        if n_ctx > n_ctx_train:
+            self.close()
+            raise ModelLoadError(f"{path.name} was trained with a context of {n_ctx_train} tokens; a context of "
+                                 f"{n_ctx} was asked for. Choose at most {n_ctx_train}.")
+        threads = int(n_threads) if n_threads else available_cores()
+        if threads < 1:
+            self.close()
+            raise ModelLoadError(f"n_threads must be at least 1, got {n_threads!r}")
+        self.n_threads = threads
+        self.n_seq_max = int(n_seq_max)
+        self.n_batch = min(int(n_batch), n_ctx)
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = self.n_seq_max
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.kv_unified = True  # several sequence ids per token need one shared cell pool
+        cparams.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            detail = _log_errors() or "out of memory?"
+            self.close()
+            raise ModelLoadError(f"cannot create a llama.cpp context of {n_ctx} tokens for {path.name} ({detail})")
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+        self.context_length = n_ctx
+        self.n_ctx_train = n_ctx_train
+
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._attrs = [int(llama_cpp.llama_vocab_get_attr(self._vocab, i)) for i in range(self.vocab_size)]
+        self.eos_ids = frozenset(self._eos_ids())
+        self._pieces: dict[int, bytes] = {}
+        self._fingerprint: str | None = None
+        self.chat_template = self._meta("tokenizer.chat_template")
+        self.reset()
+
+    # -- model facts -------------------------------------------------------------------------------------------
+    def _meta(self, key: str) -> str | None:
+        size = self._lib.llama_model_meta_val_str(self._model, key.encode(), None, 0)
+        if size < 0:
+            return None
+        buf = ctypes.create_string_buffer(size + 1)
+        self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, size + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def _is_control(self, token: int) -> bool:
+        # llama.cpp also tags some ordinary tokens that look like end markers (e.g. Qwen's "</s>") as control;
+        # those keep their NORMAL bit, and a transformers tokenizer does not treat them as special
+        attr = self._attrs[token]
+        lib = self._lib
+        return bool(attr & (lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_UNKNOWN)) \
+            and not attr & lib.LLAMA_TOKEN_ATTR_NORMAL
+
+    def _eos_ids(self) -> set[int]:
+        ids = {t for t in range(self.vocab_size)
+               if self._lib.llama_vocab_is_eog(self._vocab, t) and self._is_control(t)}
+        eos = int(self._lib.llama_vocab_eos(self._vocab))
+        if eos >= 0:
+            ids.add(eos)
+        return ids
+
+    # -- tokenizer ---------------------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text``; special-token text such as ``<|im_end|>`` is parsed as the special token."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (self._lib.llama_token * cap)()
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, True)
+        if n < 0:
+            cap = -n
+            buf = (self._lib.llama_token * cap)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, True)
+        if n < 0:
+            raise BackendError(f"{self.name}: could not tokenize the text")
+        return list(buf[:n])
+
+    def _piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``. Byte-level tokens are joined as bytes first, so a character split over tokens decodes
+        whole; an incomplete character at the end shows as U+FFFD."""
+        for t in ids:
+            if not 0 <= int(t) < self.vocab_size:
+                raise BackendError(f"{self.name}: token id {t} is outside the vocabulary of {self.vocab_size}")
+        return b"".join(self._piece(int(t)) for t in ids).decode("utf-8", errors="replace")
+
+    def _token_text(self, token: int) -> str:
+        return self._lib.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+        """The GGUF's own chat template (jinja2, rendered like llama-cpp-python and transformers), tokenized."""
+        if not self.chat_template:
+            raise BackendError(f"{self.name} has no chat template in its GGUF file")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        special = {}
+        for key, fn in (("eos_token", self._lib.llama_vocab_eos), ("bos_token", self._lib.llama_vocab_bos)):
+            tok = int(fn(self._vocab))
+            special[key] = self._token_text(tok) if tok >= 0 else ""
+        formatter = Jinja2ChatFormatter(self.chat_template, add_generation_prompt=True, **special)
+        prompt = formatter(messages=[dict(m) for m in messages]).prompt
+        return self.tokenize(prompt)
+
+    def fingerprint(self) -> str:
+        """The backend-independent tokenizer digest (core.backends.base.tokenizer_digest)."""
+        if self._fingerprint is None:
+            lib = self._lib
+            pieces = [None if self._attrs[i] & lib.LLAMA_TOKEN_ATTR_UNUSED else self._token_text(i)
+                      for i in range(self.vocab_size)]
+            added_mask = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED | lib.LLAMA_TOKEN_ATTR_UNKNOWN
+            added = {i: self._is_control(i) for i, a in enumerate(self._attrs)
+                     if a & added_mask and not a & lib.LLAMA_TOKEN_ATTR_NORMAL}
+            self._fingerprint = tokenizer_digest(pieces, added)
+        return self._fingerprint
+
+    # -- cache -------------------------------------------------------------------------------------------------
+    @property
+    def committed(self) -> list[int]:
+        return list(self._committed)
+
+    def reset(self) -> None:
+        self._lib.llama_memory_clear(self._mem, True)
+        self._committed: list[int] = []
+        self._clear_tree_state()
+
+    def _clear_tree_state(self) -> None:
+        self._tree: TokenTree | None = None
+        self._evaluated = 0
+        self._node_seqs: list[tuple[int, ...]] = []  # sequence ids carried by each evaluated node
+        self._seq_end: dict[int, int] = {}           # branch sequence -> the deepest evaluated node on it
+
+    def _decode(self, count: int) -> None:
+        self._batch.n_tokens = count
+        rc = self._lib.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            reason = {1: "no room left in the KV cache", 2: "aborted"}.get(rc, _log_errors() or f"error {rc}")
+            raise BackendError(f"{self.name}: llama_decode failed ({reason})")
+
+    def _logits_rows(self, rows: Sequence[int]) -> torch.Tensor:
+        """Float32 logits (len(rows), V) of the given batch rows of the last decode."""
+        out = np.empty((len(rows), self.vocab_size), dtype=np.float32)
+        for k, i in enumerate(rows):
+            ptr = self._lib.llama_get_logits_ith(self._ctx, i)
+            if not ptr:
+                raise BackendError(f"{self.name}: llama.cpp returned no logits for batch row {i}")
+            out[k] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
+        return torch.from_numpy(out)
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise BackendError("prefill needs at least one token")
+        check_fits(self, len(ids))
+        if self._evaluated:
+            self.commit([])
+        common = 0
+        for a, b in zip(self._committed, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # evaluate at least one token to have its logits
+        if common < len(self._committed):
+            self._lib.llama_memory_seq_rm(self._mem, _COMMITTED_SEQ, common, -1)
+            del self._committed[common:]
+        # only the last position's logits are needed: a long prompt goes in chunks of n_batch without outputs
+        batch = self._batch
+        for lo in range(common, len(ids), self.n_batch):
+            chunk = ids[lo:lo + self.n_batch]
+            for i, tok in enumerate(chunk):
+                batch.token[i] = tok
+                batch.pos[i] = lo + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = _COMMITTED_SEQ
+                batch.logits[i] = lo + i == len(ids) - 1
+            self._decode(len(chunk))
+            self._committed += chunk
+        return self._logits_rows([len(chunk) - 1])[0]
+
+    def _branch_seq(self, parent: int, end: int, free: list[int], claimed: set[int]) -> int:
+        """A sequence covering the committed prefix and ``parent``'s path (parent -1: the prefix alone).
+
+        ``end`` is the first position after ``parent``, where the new branch's nodes start.
+        """
+        if parent >= 0:
+            for seq in self._node_seqs[parent]:
+                if self._seq_end.get(seq) == parent and seq not in claimed:
+                    return seq  # parent ended a branch: its sequence extends as is
+        if not free:
+            raise BackendError(f"{self.name}: the tree has more leaves than the {self.n_seq_max - 1} sequences "
+                               "this backend was created with (raise n_seq_max)")
+        seq = free.pop()
+        source = _COMMITTED_SEQ if parent < 0 else self._node_seqs[parent][0]
+        self._lib.llama_memory_seq_cp(self._mem, source, seq, -1, -1)
+        if parent >= 0:
+            # the source branch may go deeper than parent; llama.cpp also wants each sequence's new positions
+            # to follow its last cached one
+            self._lib.llama_memory_seq_rm(self._mem, seq, end, -1)
+        return seq
+
+    def forward_tree(self, tree: TokenTree, start: int = 0) -> torch.Tensor:
+        if start != self._evaluated:
+            raise BackendError(f"{self.name}: asked to evaluate from node {start} but {self._evaluated} are cached")
+        n = len(tree)
+        if n <= start:
+            raise BackendError(f"{self.name}: nothing to evaluate (tree of {n} nodes from {start})")
+        if n - start > self.n_batch:
+            raise BackendError(f"{self.name}: {n - start} nodes in one call exceed the batch size of {self.n_batch}")
+        prefix = len(self._committed)
+        check_fits(self, prefix + n)  # every tree node takes one KV cell until the commit
+        has_child = set(tree.parents)
+        new_leaves = [u for u in range(start, n) if u not in has_child]
+
+        used = {_COMMITTED_SEQ} | set(self._seq_end)
+        free = [s for s in range(self.n_seq_max - 1, -1, -1) if s not in used]
+        seqs: dict[int, list[int]] = {u: [] for u in range(start, n)}
+        claimed: set[int] = set()
+        for leaf in new_leaves:
+            top = leaf
+            while tree.parents[top] >= start:
+                top = tree.parents[top]
+            seq = self._branch_seq(tree.parents[top], prefix + tree.depths[top] - 1, free, claimed)
+            claimed.add(seq)
+            u = leaf
+            while u >= start:
+                seqs[u].append(seq)
+                u = tree.parents[u]
+            self._seq_end[seq] = leaf
+
+        batch = self._batch
+        for i, u in enumerate(range(start, n)):
+            batch.token[i] = tree.tokens[u]
+            batch.pos[i] = prefix + tree.depths[u] - 1
+            batch.n_seq_id[i] = len(seqs[u])
+            for k, seq in enumerate(seqs[u]):
+                batch.seq_id[i][k] = seq
+            batch.logits[i] = True
+        self._tree = tree
+        try:
+            self._decode(n - start)
+        except BackendError:
+            self.commit([])  # nothing of this tree is usable; the committed prefix stays intact
+            raise
+        self._node_seqs += [tuple(seqs[u]) for u in range(start, n)]
+        self._evaluated = n
+        return self._logits_rows(range(n - start))
+
+    def commit(self, path: Sequence[int]) -> None:
+        path = [int(i) for i in path]
+        tree = self._tree
+        if any(not 0 <= i < self._evaluated for i in path):
+            raise BackendError(f"{self.name}: commit of nodes {path} but only {self._evaluated} were evaluated")
+        if tree is not None and any(tree.parents[v] != (path[k - 1] if k else -1) for k, v in enumerate(path)):
+            raise BackendError(f"{self.name}: commit of nodes {path}, which is not a path from the root")
+        lib, mem = self._lib, self._mem
+        if not path:
+            lib.llama_memory_seq_keep(mem, _COMMITTED_SEQ)
+        else:
+            seq = self._node_seqs[path[-1]][0]
+            lib.llama_memory_seq_keep(mem, seq)
+            lib.llama_memory_seq_rm(mem, seq, len(self._committed) + len(path), -1)
+            lib.llama_memory_seq_cp(mem, seq, _COMMITTED_SEQ, -1, -1)
+            lib.llama_memory_seq_rm(mem, seq, -1, -1)
+            self._committed += [tree.tokens[i] for i in path]
+        self._clear_tree_state()
+
+    def close(self) -> None:
+        """Free the llama.cpp context and model now (also done when the backend is garbage-collected)."""
+        lib = self._lib
+        if self._batch is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass

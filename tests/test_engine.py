@@ -1,0 +1,132 @@
+"""Engine behaviour around the decode loop: events, stop conditions, cancellation and bad input."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from core.backends.base import ContextLengthError
+from core.drafting import Baseline, Chain, Tree
+from core.engine import EmptyPromptError, IncompatibleModelsError, SpeculativeEngine
+from core.events import Fate, Origin, StopReason
+from core.sampling import SamplingError, SamplingParams
+from core.tiny import tiny_pair
+from tests.table_backend import TableBackend, random_table
+from tests.tiny_models import tiny_backend, tiny_draft_pair
+
+
+@pytest.fixture(scope="module")
+def chat_pair():
+    return tiny_pair()
+
+
+def test_events_describe_each_step_consistently(chat_pair) -> None:
+    target, draft = chat_pair
+    engine = SpeculativeEngine(target, draft, Tree((-1, -1, 0, 0, 1, 2)), SamplingParams(temperature=0.8, seed=4))
+    prompt = engine.chat_ids([{"role": "user", "content": "Write a haiku about trees."}])
+    events = list(engine.stream(prompt, max_new_tokens=40))
+    result = engine.last_result
+    assert result is not None and [t for e in events for t in e.tokens] == list(result.tokens)
+    assert "".join(e.text for e in events) == result.text
+    assert result.text == target.detokenize([t for t in result.tokens if t not in target.eos_ids])
+    for i, e in enumerate(events):
+        assert e.step == i and e.stats.target_calls == i + 1
+        accepted = [n.index for n in e.nodes if n.fate == Fate.ACCEPTED]
+        assert tuple(accepted) == e.accepted_path
+        assert [e.nodes[j].token for j in e.accepted_path] == list(e.tokens[: len(e.accepted_path)])
+        assert e.origins[: len(e.accepted_path)] == (Origin.DRAFT,) * len(e.accepted_path)
+        for n in e.nodes:
+            assert (n.p is None) == (n.fate == Fate.NOT_REACHED) and 0 < n.q <= 1
+            if n.parent >= 0:
+                assert n.depth == e.nodes[n.parent].depth + 1
+        if e.accepted_path and len(e.tokens) > len(e.accepted_path):
+            assert e.origins[-1] in (Origin.BONUS, Origin.CORRECTION)
+    stats = result.stats
+    assert stats.new_tokens == len(result.tokens) == 40
+    assert stats.accepted == sum(len(e.accepted_path) for e in events)
+    assert stats.tokens_per_call == pytest.approx(40 / len(events))
+    assert sum(stats.accepted_by_depth) == stats.accepted
+    assert all(a <= t for a, t in zip(stats.accepted_by_depth, stats.attempted_by_depth))
+    assert stats.time_to_first_token == events[0].timestamp and stats.seconds == events[-1].timestamp
+
+
+def test_cancel_keeps_what_was_generated(chat_pair) -> None:
+    target, draft = chat_pair
+    cancel = threading.Event()
+    engine = SpeculativeEngine(target, draft, Chain(3), SamplingParams())
+    got = []
+    for event in engine.stream([5, 6, 7], max_new_tokens=200, cancel=cancel):
+        got += event.tokens
+        if event.step == 2:
+            cancel.set()
+    result = engine.last_result
+    assert result.stop_reason == StopReason.CANCELLED and list(result.tokens) == got and len(got) >= 3
+
+
+def test_stops_when_the_context_is_full() -> None:
+    target, draft = tiny_draft_pair(context=24)
+    for strategy in (Baseline(), Chain(5)):
+        result = SpeculativeEngine(target, draft, strategy).generate(list(range(1, 11)), max_new_tokens=100)
+        assert result.stop_reason == StopReason.CONTEXT
+        assert len(result.tokens) == 24 - 10
+
+
+def test_prompt_over_the_context_is_a_clear_error() -> None:
+    target = tiny_backend(context=16)
+    with pytest.raises(ContextLengthError, match="16"):
+        SpeculativeEngine(target).generate(list(range(16)), 4)
+
+
+def test_empty_prompt_and_bad_budget() -> None:
+    engine = SpeculativeEngine(tiny_backend())
+    with pytest.raises(EmptyPromptError):
+        engine.generate([], 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate([1], 0)
+    with pytest.raises(ValueError, match="out of the vocabulary"):
+        engine.generate([1, 10_000], 4)
+
+
+def test_mismatched_vocabularies_are_refused() -> None:
+    with pytest.raises(IncompatibleModelsError, match="vocabulary"):
+        SpeculativeEngine(tiny_backend(vocab=64), tiny_backend(vocab=72), Chain(2))
+
+
+def test_mismatched_tokenizers_are_refused() -> None:
+    a = TableBackend(random_table(5, 1), 5)
+    b = TableBackend(random_table(5, 2), 5)
+    b.fingerprint = lambda: "another tokenizer"
+    with pytest.raises(IncompatibleModelsError, match="tokenizers"):
+        SpeculativeEngine(a, b, Chain(2))
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=1e6), "absurd"), (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(seed=-3), "seed"),
+])
+def test_bad_sampling_values(kwargs, needle) -> None:
+    with pytest.raises(SamplingError, match=needle):
+        SamplingParams(**kwargs)
+
+
+def test_strategies_validate_their_shape() -> None:
+    with pytest.raises(ValueError, match="Chain"):
+        Chain(0)
+    with pytest.raises(ValueError, match="parents"):
+        Tree((0, -1))
+    with pytest.raises(ValueError, match="sampling"):
+        Tree((-1,), "beam")
+    with pytest.raises(ValueError, match="draft model"):
+        SpeculativeEngine(tiny_backend(), None, Chain(2)).generate([1, 2], 3)
+
+
+def test_import_core_never_imports_qt() -> None:
+    code = ("import importlib, pkgutil, sys, core\n"
+            "for m in pkgutil.walk_packages(core.__path__, 'core.'): importlib.import_module(m.name)\n"
+            "bad = [m for m in sys.modules if m.startswith(('PySide6', 'shiboken6', 'pyqtgraph'))]\n"
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
