@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Iterator, Sequence
 
+import torch
+
 from core.backends.base import Backend, ContextLengthError
 from core.drafting import Baseline, Drafter
 from core.events import Fate, GenerationResult, GenerationStats, NodeInfo, Origin, StepEvent, StopReason
@@ -150,7 +152,7 @@ class SpeculativeEngine:
             if drafter is not None and remaining > 1 and room > 1:
                 tree = drafter.draft(tokens, max_depth=min(remaining, room) - 1, max_nodes=room - 1)
             t1 = time.perf_counter()
-            verdict, margins, p_rows = self._verify(tree, tokens, rng, eos)
+            verdict, margins, shown_p = self._verify(tree, tokens, rng, eos)
             if drafter is not None:
                 drafter.feedback(tree, verdict)
             t2 = time.perf_counter()
@@ -192,11 +194,11 @@ class SpeculativeEngine:
             elif len(tokens) >= ctx:
                 stop = StopReason.CONTEXT
             event = StepEvent(
-                step=step, nodes=self._node_infos(tree, verdict), accepted_path=verdict.accepted,
+                step=step, nodes=self._node_infos(tree, verdict, shown_p), accepted_path=verdict.accepted,
                 tokens=tuple(emitted), origins=tuple(step_origins),
                 token_texts=tuple(self.target.detokenize([t]) for t in emitted), text=delta,
                 margins=tuple(margins), draft_seconds=t1 - t0, verify_seconds=t2 - t1, timestamp=now,
-                stats=stats, strategy=self.strategy.label,
+                stats=stats, strategy=self.strategy.label, note=getattr(drafter, "note", ""),
             )
             events.append(event)
             step += 1
@@ -209,7 +211,12 @@ class SpeculativeEngine:
         return self.last_result
 
     def _verify(self, tree: TokenTree, tokens: list[int], rng: Rng, eos) -> tuple[Verdict, list[float | None], dict]:
-        """One target call on the uncached tokens plus the tree, then verification and the target's commit."""
+        """One target call on the uncached tokens plus the tree, then verification and the target's commit.
+
+        Returns the verdict, the top-2 margins of the emitted tokens (greedy only) and, for every tested node, the
+        target probability to show: the sampling distribution's, or for greedy decoding the plain softmax's, since
+        a one-hot 1.0/0.0 would tell a viewer nothing.
+        """
         target = self.target
         pending = tokens[len(target.committed):]
         work = tree.attached_below(pending)
@@ -219,9 +226,9 @@ class SpeculativeEngine:
         def row(u: int):
             return logits[root_row if u < 0 else root_row + 1 + u]
 
-        p_rows: dict[int, object] = {}
+        p_rows: dict[int, torch.Tensor] = {}
 
-        def target_dist(u: int):
+        def target_dist(u: int) -> torch.Tensor:
             if u not in p_rows:
                 p_rows[u] = logits_to_probs(row(u), self.sampling)
             return p_rows[u]
@@ -229,21 +236,24 @@ class SpeculativeEngine:
         verdict = verify_tree(tree, target_dist, rng, eos)
         target.commit(list(range(len(pending))) + [len(pending) + j for j in verdict.accepted])
         margins: list[float | None] = []
+        shown_p = verdict.target_p
         if self.sampling.greedy:
             parents = [tree.parents[j] for j in verdict.accepted]
             if verdict.extra is not None:
                 parents.append(verdict.accepted[-1] if verdict.accepted else -1)
             margins = [top2_margin(row(u)) for u in parents]
-        return verdict, margins, p_rows
+            softmax = {u: torch.softmax(row(u).double(), -1) for u in {tree.parents[j] for j in verdict.target_p}}
+            shown_p = {j: float(softmax[tree.parents[j]][tree.tokens[j]]) for j in verdict.target_p}
+        return verdict, margins, shown_p
 
-    def _node_infos(self, tree: TokenTree, verdict: Verdict) -> tuple[NodeInfo, ...]:
+    def _node_infos(self, tree: TokenTree, verdict: Verdict, shown_p: dict[int, float]) -> tuple[NodeInfo, ...]:
         accepted = set(verdict.accepted)
         infos = []
         for j, tok in enumerate(tree.tokens):
             fate = Fate.ACCEPTED if j in accepted else Fate.REJECTED if j in verdict.accept_probs else Fate.NOT_REACHED
             infos.append(NodeInfo(
                 index=j, token=tok, text=self.target.detokenize([tok]), parent=tree.parents[j], depth=tree.depths[j],
-                q=tree.proposals[j].prob(tok), p=verdict.target_p.get(j), fate=fate,
+                q=tree.proposals[j].prob(tok), p=shown_p.get(j), fate=fate,
                 accept_prob=verdict.accept_probs.get(j), source=tree.source[j],
             ))
         return tuple(infos)
