@@ -68,7 +68,7 @@ def tiny_vocab(n_merges: int = 24, extra_tokens: tuple[str, ...] = ()) -> tuple[
 
 def write_tiny_gguf(path: str | Path, seed: int = 0, noise: float = 0.0, noise_seed: int = 1, arch: str = "llama",
                     layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, context: int = 256,
-                    extra_tokens: tuple[str, ...] = (), weight_std: float = 0.25) -> Path:
+                    extra_tokens: tuple[str, ...] = (), n_merges: int = 24, weight_std: float = 0.25) -> Path:
     """Write a random ``arch`` ("llama" or "qwen2") model with the tiny tokenizer to ``path`` and return it.
 
     Weights are drawn from ``seed``; ``noise`` adds Gaussian noise (relative to each tensor's scale) drawn from
@@ -79,7 +79,7 @@ def write_tiny_gguf(path: str | Path, seed: int = 0, noise: float = 0.0, noise_s
     if arch not in ("llama", "qwen2"):
         raise ValueError(f"tiny GGUF architecture must be llama or qwen2, not {arch!r}")
     path = Path(path)
-    tokens, types, merges = tiny_vocab(extra_tokens=extra_tokens)
+    tokens, types, merges = tiny_vocab(n_merges, extra_tokens)
     vocab = len(tokens)
     ff = 2 * hidden
     head_dim = hidden // heads

