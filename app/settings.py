@@ -12,11 +12,11 @@ from typing import Callable
 from PySide6.QtCore import QSettings
 
 from core.drafting import Baseline, Chain, MultiDraft, Tree
+from core.models import BACKENDS, PAIRS
 from core.sampling import SamplingParams
 
-REGISTRY_PAIRS = ("default", "tiny")
+REGISTRY_PAIRS = tuple(PAIRS)
 CUSTOM_PAIR = "custom"
-BACKENDS = ("llama.cpp", "hf")
 MAX_TREE_NODES = 64
 
 
@@ -108,6 +108,10 @@ def _sequoia(s: "AppSettings") -> Tree:
     return Tree(sequoia_parents(s.tree_budget, s.tree_depth), name=f"Sequoia({s.tree_budget}, depth {s.tree_depth})")
 
 
+def _ngram(s: "AppSettings"):
+    return importlib.import_module("core.ngram").NGram(k=s.ngram_k)
+
+
 def _auto(s: "AppSettings"):
     return importlib.import_module("core.planner").Auto()
 
@@ -131,6 +135,10 @@ def strategy_options() -> list[StrategyOption]:
         StrategyOption("tree", "Tree (static shape)", _tree,
                        "A fixed tree: children per node at each level, e.g. 2,2,1 (SpecInfer-style)."),
     ]
+    if _importable("core.ngram", "NGram"):
+        options.append(StrategyOption("ngram", "N-gram lookup", _ngram,
+                                      "Copies up to k tokens from earlier text when the last tokens match "
+                                      "(no draft model)."))
     if hasattr(Tree, "sequoia") or _importable("core.sequoia", "sequoia_parents"):
         options.append(StrategyOption("sequoia", "Tree / Sequoia", _sequoia,
                                       "The best tree for a node budget and depth (Sequoia dynamic program)."))
@@ -153,6 +161,7 @@ class AppSettings:
     chain_k: int = 4
     multi_k: int = 2
     multi_length: int = 3
+    ngram_k: int = 4
     tree_branching: str = "2,2,1"
     tree_budget: int = 16
     tree_depth: int = 6
@@ -167,7 +176,8 @@ class AppSettings:
     def pair_choice(self) -> PairChoice:
         """The model pair these settings ask for."""
         if self.pair not in REGISTRY_PAIRS + (CUSTOM_PAIR,):
-            raise SettingsError(f"unknown model pair {self.pair!r}; choose one of {', '.join(REGISTRY_PAIRS)} or custom")
+            raise SettingsError(f"unknown model pair {self.pair!r}; choose one of {', '.join(REGISTRY_PAIRS)} "
+                                "or custom")
         if self.backend not in BACKENDS:
             raise SettingsError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.pair == CUSTOM_PAIR and not (self.target_path and self.draft_path):

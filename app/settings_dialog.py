@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 from app.settings import (BACKENDS, CUSTOM_PAIR, REGISTRY_PAIRS, AppSettings, SettingsError, available_devices,
                           strategy_options)
 from app.theme import THEMES
+from core.models import PAIRS
 from core.sampling import MAX_TEMPERATURE, SamplingError
 
 PAIR_LABELS = {"default": "Default: Qwen2.5-Coder 1.5B + 0.5B", "tiny": "Tiny random pair (tests, demos)",
@@ -78,6 +79,7 @@ class SettingsDialog(QDialog):
         outer.addWidget(buttons)
         self._pair_changed()
         self._strategy_changed()
+        self.setMinimumWidth(940)
 
     # groups
     def _model_group(self, s: AppSettings) -> QGroupBox:
@@ -85,7 +87,7 @@ class SettingsDialog(QDialog):
         form = QFormLayout(box)
         self.pair_combo = QComboBox()
         for key in REGISTRY_PAIRS + (CUSTOM_PAIR,):
-            self.pair_combo.addItem(PAIR_LABELS[key], key)
+            self.pair_combo.addItem(PAIR_LABELS.get(key) or PAIRS[key].description, key)
         self.pair_combo.setCurrentIndex(max(0, self.pair_combo.findData(s.pair)))
         self.pair_combo.currentIndexChanged.connect(self._pair_changed)
         form.addRow("Pair", self.pair_combo)
@@ -150,13 +152,16 @@ class SettingsDialog(QDialog):
         self.chain_k = _spin(1, 64, s.chain_k)
         self.multi_k = _spin(1, 32, s.multi_k)
         self.multi_length = _spin(1, 32, s.multi_length)
+        self.ngram_k = _spin(1, 64, s.ngram_k)
         self.tree_branching = QLineEdit(s.tree_branching)
         self.tree_budget = _spin(2, 128, s.tree_budget)
         self.tree_depth = _spin(1, 32, s.tree_depth)
         pages = {
-            "chain": [("Draft length k", self.chain_k, "Tokens drafted per step; longer pays only when most are kept.")],
+            "chain": [("Draft length k", self.chain_k,
+                       "Tokens drafted per step; longer pays only when most are kept.")],
             "multidraft": [("Sequences k", self.multi_k, "Independent drafts verified together."),
                            ("Length", self.multi_length, "Tokens in each draft sequence.")],
+            "ngram": [("Lookup length k", self.ngram_k, "Most tokens copied per step from a matching earlier text.")],
             "tree": [("Children per level", self.tree_branching,
                       "Comma-separated widths from the root down: 2,2,1 has 2+4+4 = 10 nodes.")],
             "sequoia": [("Node budget", self.tree_budget, "Tokens the target checks per call, the root included."),
@@ -187,11 +192,10 @@ class SettingsDialog(QDialog):
         self.seed = _spin(-1, 2**31 - 1, s.seed, "random")
         self.max_new = _spin(1, 32768, s.max_new_tokens)
         rows = [
-            ("Temperature", self.temperature, "0 is greedy: the same prompt always gives the same answer. "
-                                              "Higher values give more varied text."),
+            ("Temperature", self.temperature, "0 is greedy (the same answer every time); higher is more varied."),
             ("Top-k", self.top_k, "Sample only among the k most likely tokens (off: all tokens)."),
-            ("Top-p", self.top_p, "Sample from the smallest set of tokens whose probability reaches p (1: off)."),
-            ("Seed", self.seed, "Fixes the random draws so a sampled answer can be repeated (random: new each time)."),
+            ("Top-p", self.top_p, "Sample from the fewest tokens whose probabilities add up to p (1: off)."),
+            ("Seed", self.seed, "Repeats a sampled answer exactly (random: new draws each time)."),
             ("Max new tokens", self.max_new, "The answer stops after this many tokens."),
         ]
         for label, widget, help_text in rows:
@@ -230,9 +234,10 @@ class SettingsDialog(QDialog):
             draft_path=self.draft_edit.text().strip(), backend=self.backend_combo.currentText(),
             device=self.device_combo.currentText(), strategy=self.strategy_combo.currentData(),
             chain_k=self.chain_k.value(), multi_k=self.multi_k.value(), multi_length=self.multi_length.value(),
-            tree_branching=self.tree_branching.text().strip(), tree_budget=self.tree_budget.value(),
-            tree_depth=self.tree_depth.value(), temperature=self.temperature.value(), top_k=self.top_k.value(),
-            top_p=self.top_p.value(), seed=self.seed.value(), max_new_tokens=self.max_new.value(),
+            ngram_k=self.ngram_k.value(), tree_branching=self.tree_branching.text().strip(),
+            tree_budget=self.tree_budget.value(), tree_depth=self.tree_depth.value(),
+            temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
+            seed=self.seed.value(), max_new_tokens=self.max_new.value(),
             theme=self.theme_combo.currentText(), color_origins=self.origins_check.isChecked(),
         )
 

@@ -10,12 +10,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtGui import QFont, QFontDatabase
+from PySide6.QtGui import QColor, QFont, QFontDatabase, QPalette
 from PySide6.QtWidgets import QApplication
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 STYLES = RESOURCES / "styles"
 FONTS = RESOURCES / "fonts"
+ICONS = RESOURCES / "icons"
 THEMES = ("light", "dark")
 UI_FONT = "DejaVu Sans"
 MONO_FONT = "DejaVu Sans Mono"
@@ -36,16 +37,33 @@ class Theme:
         return self.colors[key]
 
     def style_sheet(self) -> str:
-        """The application style sheet with every @colour token filled from this palette."""
+        """The application style sheet with every @colour token filled from this palette (@icons: the icon folder)."""
         template = (STYLES / "base.qss").read_text(encoding="utf-8")
 
         def fill(match: re.Match) -> str:
             key = match.group(1)
+            if key == "icons":
+                return ICONS.as_posix()
             if key not in self.colors:
                 raise ThemeError(f"base.qss uses @{key}, which {self.name}.json does not define")
             return self.colors[key]
 
         return re.sub(r"@([a-z_]+)", fill, template)
+
+
+    def palette(self) -> QPalette:
+        """A Qt palette from the theme colours, for what style sheets do not reach (dialogs, menus, selections)."""
+        pal = QPalette()
+        roles = {QPalette.ColorRole.Window: "window", QPalette.ColorRole.WindowText: "text",
+                 QPalette.ColorRole.Base: "surface", QPalette.ColorRole.AlternateBase: "sidebar",
+                 QPalette.ColorRole.Text: "text", QPalette.ColorRole.Button: "surface",
+                 QPalette.ColorRole.ButtonText: "text", QPalette.ColorRole.Highlight: "selection",
+                 QPalette.ColorRole.HighlightedText: "text", QPalette.ColorRole.ToolTipBase: "surface",
+                 QPalette.ColorRole.ToolTipText: "text", QPalette.ColorRole.PlaceholderText: "muted",
+                 QPalette.ColorRole.Link: "accent"}
+        for role, key in roles.items():
+            pal.setColor(role, QColor(self.colors[key]))
+        return pal
 
 
 def load_theme(name: str) -> Theme:
@@ -69,5 +87,6 @@ def apply_theme(app: QApplication, name: str) -> Theme:
     font.setHintingPreference(QFont.HintingPreference.PreferNoHinting)
     app.setFont(font)
     app.setStyle("Fusion")
+    app.setPalette(theme.palette())
     app.setStyleSheet(theme.style_sheet())
     return theme

@@ -67,6 +67,8 @@ class HistoryStore:
         try:
             self._conn = self._connect()
         except sqlite3.DatabaseError as exc:
+            if not self.path.is_file():  # nothing to move aside: the folder itself is unusable
+                raise HistoryError(f"cannot open the chat history at {self.path}: {exc}") from exc
             moved = self._move_aside()
             self.notice = (f"The chat history file could not be read ({exc}). It was moved to {moved} and a new, "
                            "empty history was started.")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
 
@@ -49,6 +49,7 @@ class MessageCard(QFrame):
         self.theme = theme
         self.color_origins = color_origins
         self.rendered = Rendered("", ())
+        self.streaming = False  # True while this answer is being generated (else an incomplete answer was cut off)
         self.setObjectName("MessageCard")
         self.setProperty("role", message.role)
         layout = QVBoxLayout(self)
@@ -101,7 +102,8 @@ class MessageCard(QFrame):
             paint_origins(doc, msg.content, msg.origins, self.theme["draft_tint"])
         status = format_stats(msg.stats) if msg.stats else ""
         if not msg.complete:
-            status = "generating…" if not status else status
+            note = "generating…" if self.streaming else "interrupted: the app closed before this answer finished"
+            status = f"{status}  ·  {note}" if status else note
         self.stats_label.setText(status)
         self.stats_label.setVisible(bool(status))
 
@@ -129,6 +131,8 @@ class MessageCard(QFrame):
     def _on_anchor(self, url) -> None:
         if url.scheme() == COPY_SCHEME:
             self.copy_code(int(url.path()))
+        elif url.scheme() in ("http", "https"):
+            QDesktopServices.openUrl(url)
 
     def _edit(self) -> None:
         self.edit_requested.emit(self.message)

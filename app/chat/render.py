@@ -16,7 +16,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextDocument
+from PySide6.QtGui import QColor, QTextCharFormat, QTextDocument, QTextLayout
 
 from app.theme import MONO_FONT, Theme
 from core.events import Origin
@@ -26,6 +26,8 @@ ORIGIN_CODE = {Origin.DRAFT: DRAFT, Origin.CORRECTION: TARGET, Origin.BONUS: TAR
 COPY_SCHEME = "copy-code"
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([^\s`]*)[^\n]*$")
 _LOOKAHEAD = 40  # markdown syntax hidden between two visible characters is shorter than this (fences, emphasis)
+_RESYNC = 400    # at most this much hidden text (a link's address) before the next visible character
+_SYNTAX = set("`*_~#>|[]()-:!.0123456789")  # characters Markdown may hide (markers, list numbers, table rules)
 
 
 @dataclass(frozen=True)
@@ -136,26 +138,52 @@ def document_style(theme: Theme) -> str:
     )
 
 
+def _same(a: str, b: str) -> bool:
+    return a == b or (a.isspace() and b.isspace())
+
+
+def _agrees(ahead: str, source: str, k: int) -> bool:
+    """Whether the visible characters ``ahead`` appear in ``source`` from ``k`` on, Markdown syntax in between."""
+    pos, n = k, len(source)
+    for c in ahead:
+        while pos < n and not _same(c, source[pos]) and (source[pos] in _SYNTAX or source[pos].isspace()):
+            pos += 1
+        if pos >= n or not _same(c, source[pos]):
+            return False
+        pos += 1
+    return True
+
+
 def align_to_source(visible: str, source: str) -> list[int | None]:
     """For each character of the rendered text, the index of the source character it shows (None: rendering only).
 
-    The rendered text is the source minus Markdown syntax, so a forward scan with a short look-ahead finds each
-    visible character; whitespace matches any whitespace (paragraph breaks render as U+2029).
+    The rendered text is the source minus Markdown syntax. A visible character matches the next source character
+    when it can; otherwise it is looked for ahead where the next few visible characters agree too, so hidden syntax
+    (fences, emphasis marks, link targets) is skipped without false matches. Whitespace matches only whitespace at
+    the current source position (after closing marks), because block breaks are rendering and must not swallow
+    source text.
     """
     out: list[int | None] = []
     j = 0
     n = len(source)
     for i, ch in enumerate(visible):
-        space = ch.isspace()
         found = None
-        for k in range(j, min(n, j + _LOOKAHEAD)):
-            if source[k] == ch or (space and source[k].isspace()):
-                found = k
-                break
-        if found is None and not space:
-            # Longer hidden syntax (a link target): resynchronise on the next few visible characters.
-            k = source.find(visible[i:i + 4], j)
-            found = k if k >= 0 else None
+        if ch.isspace():
+            k = j
+            while k < n and source[k] in _SYNTAX:  # closing marks before the space (**, `)
+                k += 1
+            found = k if k < n and source[k].isspace() else None
+        elif j < n and source[j] == ch:
+            found = j  # in step: no syntax to skip
+        else:
+            # Hidden syntax: a short skip where the next visible characters agree, else (a link target) a longer
+            # skip where more of them must agree.
+            for window, agree in ((_LOOKAHEAD, 3), (_RESYNC, 6)):
+                ahead = visible[i:i + agree]
+                found = next((k for k in range(j, min(n, j + window)) if source[k] == ch and _agrees(ahead, source, k)),
+                             None)
+                if found is not None:
+                    break
         if found is None:
             out.append(None)
             continue
@@ -167,43 +195,53 @@ def align_to_source(visible: str, source: str) -> list[int | None]:
 def paint_origins(doc: QTextDocument, source: str, origins: str, tint: str) -> None:
     """Give every rendered character that came from an accepted draft token a ``tint`` background.
 
-    Link text (the code blocks' copy headers) is not message text and is left alone.
+    The tint goes into each block layout's additional formats (as a syntax highlighter does), so the document itself
+    is not edited, which keeps this cheap enough to repeat while an answer streams. The code blocks' copy headers are
+    not message text and are left alone.
     """
-    positions: list[int] = []
+    blocks = []
     visible: list[str] = []
     block = doc.begin()
     while block.isValid():
+        offsets: list[int] = []
         it = block.begin()
         while not it.atEnd():
             frag = it.fragment()
-            if frag.isValid() and not frag.charFormat().isAnchor():
-                text = frag.text()
-                positions.extend(range(frag.position(), frag.position() + len(text)))
-                visible.append(text)
+            if frag.isValid() and not frag.charFormat().anchorHref().startswith(COPY_SCHEME):
+                start = frag.position() - block.position()
+                offsets.extend(range(start, start + frag.length()))
+                visible.append(frag.text())
             it += 1
-        positions.append(-1)  # the block break: matches the source's newline
+        offsets.append(-1)  # the block break: matches the source's newline
         visible.append("\n")
+        blocks.append((block, offsets))
         block = block.next()
-    mapping = align_to_source("".join(visible), source)
+    mapping = iter(align_to_source("".join(visible), source))
     fmt = QTextCharFormat()
     fmt.setBackground(QColor(tint))
-    cursor = QTextCursor(doc)
-    run_start = run_end = None
-    for pos, src in zip(positions, mapping):
-        draft = pos >= 0 and src is not None and src < len(origins) and origins[src] == DRAFT
-        if draft and run_end == pos:
-            run_end = pos + 1
-            continue
-        if run_start is not None:
-            _merge(cursor, run_start, run_end, fmt)
-            run_start = run_end = None
-        if draft:
-            run_start, run_end = pos, pos + 1
-    if run_start is not None:
-        _merge(cursor, run_start, run_end, fmt)
+    for block, offsets in blocks:
+        ranges: list[QTextLayout.FormatRange] = []
+        for offset in offsets:
+            src = next(mapping)
+            if offset < 0 or src is None or src >= len(origins) or origins[src] != DRAFT:
+                continue
+            if ranges and ranges[-1].start + ranges[-1].length == offset:
+                ranges[-1].length += 1
+                continue
+            r = QTextLayout.FormatRange()
+            r.start, r.length, r.format = offset, 1, fmt
+            ranges.append(r)
+        block.layout().setFormats(ranges)
+    doc.markContentsDirty(0, doc.characterCount())
 
 
-def _merge(cursor: QTextCursor, start: int, end: int, fmt: QTextCharFormat) -> None:
-    cursor.setPosition(start)
-    cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
-    cursor.mergeCharFormat(fmt)
+def tinted_text(doc: QTextDocument) -> str:
+    """The characters of ``doc`` that carry an origin tint (for tests and debugging)."""
+    out = []
+    block = doc.begin()
+    while block.isValid():
+        text = block.text()
+        for r in block.layout().formats():
+            out.append(text[r.start:r.start + r.length])
+        block = block.next()
+    return "".join(out)

@@ -1,0 +1,69 @@
+"""Shared fixtures for the GUI tests: offscreen Qt, an isolated data folder, the tiny model pair, the real window."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+GENERATION_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A fresh SPECLENS_DATA_DIR (history and settings) for one test."""
+    folder = tmp_path / "data"
+    monkeypatch.setenv("SPECLENS_DATA_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_backends():
+    """The tiny (target, draft) pair, built once per session; every generation re-prefills, so sharing is safe."""
+    from core.tiny import tiny_pair
+
+    return tiny_pair()
+
+
+@pytest.fixture
+def make_window(qtbot, data_dir, tiny_backends):
+    """``make_window(load=None, **settings)``: the real MainWindow on the tiny pair, shown offscreen, models loaded.
+
+    ``load`` defaults to handing over the session's tiny pair; pass ``app.chat.loader.load_backends`` to go through
+    core.models. The window is closed (cancel + wait) at teardown by qtbot.
+    """
+    from app.chat.history import HistoryStore
+    from app.main import HISTORY_FILE, create_app
+    from app.main_window import MainWindow
+    from app.settings import AppSettings
+
+    create_app()
+
+    def make(load=None, wait=True, **overrides):
+        values = dict(pair="tiny", backend="hf", strategy="chain", chain_k=4, temperature=0.0, max_new_tokens=40)
+        values.update(overrides)
+        window = MainWindow(AppSettings(**values), HistoryStore(data_dir / HISTORY_FILE),
+                            load=load or (lambda choice, progress: tiny_backends))
+        qtbot.addWidget(window)
+        window.show()
+        if wait:
+            with qtbot.waitSignal(window.models_loaded, timeout=GENERATION_TIMEOUT_MS):
+                window.load_models()
+        return window
+
+    return make
+
+
+@pytest.fixture
+def ask(qtbot):
+    """``ask(window, text)``: send ``text`` and return the GenerationResult of the whole streamed answer."""
+
+    def run(window, text):
+        with qtbot.waitSignal(window.generation_finished, timeout=GENERATION_TIMEOUT_MS) as blocker:
+            assert window.send(text)
+        assert blocker.args[0] is not None, "the generation failed"
+        return blocker.args[0]
+
+    return run

@@ -1,0 +1,92 @@
+"""Settings: the dialog checks values through the objects they build, persistence, strategies on offer."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from app.settings import (AppSettings, SettingsError, branching_parents, load_settings, parse_branching,
+                          save_settings, strategy_options)
+from app.settings_dialog import SettingsDialog
+from core.drafting import Chain, Tree
+from core.sampling import SamplingError
+
+
+@pytest.fixture
+def dialog(qtbot, data_dir):
+    from app.main import create_app
+
+    create_app()
+    dlg = SettingsDialog(AppSettings(pair="tiny", backend="hf"))
+    qtbot.addWidget(dlg)
+    dlg.show()
+    return dlg
+
+
+def test_bad_sampling_value_is_shown_and_the_dialog_stays_open(dialog):
+    dialog.top_p.setValue(0.0)
+    dialog.accept()
+    assert dialog.result_settings is None and dialog.isVisible()
+    assert dialog.error_label.isVisible() and "top_p must be in (0, 1]" in dialog.error_label.text()
+    dialog.top_p.setValue(0.9)
+    dialog.temperature.setValue(0.7)
+    dialog.seed.setValue(42)
+    dialog.accept()
+    assert not dialog.isVisible()
+    accepted = dialog.result_settings
+    assert accepted.sampling() == accepted.sampling().__class__(temperature=0.7, top_k=0, top_p=0.9, seed=42)
+
+
+def test_bad_tree_shape_is_shown(dialog):
+    dialog.strategy_combo.setCurrentIndex(dialog.strategy_combo.findData("tree"))
+    assert dialog.strategy_pages.currentWidget().isVisible()
+    dialog.tree_branching.setText("2,x")
+    dialog.accept()
+    assert dialog.result_settings is None and "2,x" in dialog.error_label.text()
+    dialog.tree_branching.setText("8,8")
+    dialog.accept()
+    assert dialog.result_settings is None and "more than 64 nodes" in dialog.error_label.text()
+
+
+def test_custom_pair_needs_two_paths(dialog):
+    dialog.pair_combo.setCurrentIndex(dialog.pair_combo.findData("custom"))
+    assert dialog.custom_rows.isVisible()
+    dialog.target_edit.setText("/models/target.gguf")
+    dialog.accept()
+    assert dialog.result_settings is None and "both a target and a draft" in dialog.error_label.text()
+
+
+def test_strategy_options_include_the_planner_and_sequoia_when_present():
+    keys = [o.key for o in strategy_options()]
+    assert keys[:4] == ["baseline", "chain", "multidraft", "tree"]
+    assert "sequoia" in keys and "auto" in keys  # core.sequoia and core.planner are part of this tree
+    settings = AppSettings(strategy="sequoia", tree_budget=8, tree_depth=3)
+    tree = settings.build_strategy()
+    assert isinstance(tree, Tree) and len(tree.parents) == 7  # a budget of 8 counts the committed root
+    assert AppSettings(strategy="chain", chain_k=5).build_strategy() == Chain(5)
+    with pytest.raises(SettingsError):
+        AppSettings(strategy="no-such").build_strategy()
+
+
+def test_branching_parents_is_breadth_first():
+    assert parse_branching(" 2, 1 ") == (2, 1)
+    assert branching_parents((2, 2)) == (-1, -1, 0, 0, 1, 1)
+    assert branching_parents((3,)) == (-1, -1, -1)
+
+
+def test_settings_round_trip_through_qsettings(data_dir):
+    from app.main import create_app
+
+    create_app()
+    chosen = AppSettings(pair="tiny", backend="hf", strategy="multidraft", multi_k=3, temperature=0.5, top_k=20,
+                         top_p=0.8, seed=7, max_new_tokens=99, theme="dark", color_origins=False)
+    save_settings(chosen)
+    assert load_settings() == chosen
+    assert load_settings(theme="light") == replace(chosen, theme="light")
+    assert (data_dir / "settings.ini").exists()
+
+
+def test_sampling_errors_come_from_sampling_params():
+    with pytest.raises(SamplingError):
+        AppSettings(temperature=-1.0).sampling()
+    assert AppSettings(seed=-1).sampling().seed is None
