@@ -26,7 +26,7 @@ PROMPT = [3, 1, 4, 1, 5]
 
 @pytest.fixture(scope="module")
 def pair():
-    target_model = tiny_model(VOCAB, seed=7, hidden=32, sharpness=3.0)
+    target_model = tiny_model(VOCAB, seed=7, hidden=32, sharpness=0.5)
     draft_model = perturb(target_model, noise=0.4, seed=8)
     return HFBackend(target_model, device="cpu", name="t"), HFBackend(draft_model, device="cpu", name="d")
 
@@ -65,6 +65,7 @@ def chi_square_p(counts: torch.Tensor, joint: torch.Tensor) -> float:
     exp = expected[big].tolist() + [float(expected[~big & (expected > 0)].sum())]
     if exp[-1] == 0:
         obs, exp = obs[:-1], exp[:-1]
+    assert len(exp) >= 10, "the target distribution is too peaked for a meaningful test"
     return float(chisquare(obs, exp).pvalue)
 
 
