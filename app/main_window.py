@@ -22,6 +22,7 @@ from app.chat.prompt_edit import PromptEdit
 from app.chat.render import step_origin_codes
 from app.chat.sidebar import ConversationSidebar, ask_export_path
 from app.chat.stats import stats_record
+from app.compare.compare_widget import race_from_window
 from app.settings import AppSettings, SettingsError, save_settings
 from app.settings_dialog import SettingsDialog
 from app.theme import Theme, apply_theme
@@ -91,6 +92,7 @@ class MainWindow(QMainWindow):
         self.addToolBar(toolbar)
         self.new_action = self._action(toolbar, "New chat", "Ctrl+N", self.new_chat)
         self.settings_action = self._action(toolbar, "Settings", "Ctrl+,", self.open_settings)
+        self.race_action = self._action(toolbar, "Race vs plain", "Ctrl+R", lambda: race_from_window(self))
         self.theme_action = self._action(toolbar, self._theme_action_text(), None, self.toggle_theme)
         self.origins_action = self._action(toolbar, "Highlight draft tokens", None, self._toggle_origins)
         self.origins_action.setCheckable(True)
@@ -605,6 +607,7 @@ class MainWindow(QMainWindow):
         self.send_button.setEnabled(ready)
         self.send_button.setToolTip("Send (Enter)" if ready else "Waiting for the models to load")
         self.new_action.setEnabled(not busy)
+        self.race_action.setEnabled(ready and not busy)  # the race decodes on these same models
         self.sidebar.set_enabled_reason(not busy, BUSY_REASON)
         last = len(self.cards) - 1
         for i, card in enumerate(self.cards):

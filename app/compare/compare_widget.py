@@ -6,20 +6,27 @@ replayed on a shared clock at their engine timestamps, so the panes race as they
 """
 from __future__ import annotations
 
+import bisect
 import html
 import time
 from typing import Callable, Sequence
 
+import pyqtgraph as pg
 from PySide6.QtCore import QTimer, Qt, Signal
-from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QPushButton, QTextEdit, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QTextEdit, QVBoxLayout,
+                               QWidget)
 
 from app.compare.race import RaceSummary, RunReplay, summarize
+from app.viz.plots import BASE_COLOUR, LEGEND_BRUSH, SPEC_COLOUR
 from app.worker import EngineWorker, start_worker
 from core.drafting import Baseline
-from core.events import GenerationResult, Origin
+from core.engine import SpeculativeEngine
+from core.events import GenerationResult, Origin, StopReason
 
 REPLAY_HZ = 30
 DRAFT_TINT = "#c8f0d2"
+CLOCK_STYLE = ("QProgressBar { border: 1px solid #b0bec5; border-radius: 4px; text-align: center; color: #1a1a1a; }"
+               "QProgressBar::chunk { background: #90caf9; border-radius: 3px; }")
 BADGE_STYLE = "background:#1e8e3e; color:white; border-radius:8px; padding:2px 8px; font-weight:bold;"
 
 
@@ -41,7 +48,17 @@ class RacePane(QFrame):
         self.title = QLabel(f"<b>{html.escape(title)}</b>")
         self.badge = QLabel("\u26a1 fastest")
         self.badge.setStyleSheet(BADGE_STYLE)
+        keep = self.badge.sizePolicy()
+        keep.setRetainSizeWhenHidden(True)  # both panes keep the same layout whoever wins
+        self.badge.setSizePolicy(keep)
         self.badge.hide()
+        self.clock_bar = QProgressBar()
+        self.clock_bar.setRange(0, 1000)
+        self.clock_bar.setValue(0)
+        self.clock_bar.setTextVisible(True)
+        self.clock_bar.setFormat("")
+        self.clock_bar.setStyleSheet(CLOCK_STYLE)
+        self.clock_bar.setToolTip("Elapsed time of this run; the bar's full length is the slower run's total")
         self.text = QTextEdit()
         self.text.setReadOnly(True)
         self.numbers = QLabel("waiting\u2026")
@@ -53,14 +70,18 @@ class RacePane(QFrame):
         layout = QVBoxLayout(self)
         layout.addLayout(head)
         layout.addWidget(self.text, 1)
+        layout.addWidget(self.clock_bar)
         layout.addWidget(self.numbers)
         self._shown = -1
 
     def set_title(self, title: str) -> None:
         self.title.setText(f"<b>{html.escape(title)}</b>")
 
-    def show_at(self, run: RunReplay, t: float) -> None:
-        """Show what ``run`` had produced ``t`` seconds in."""
+    def show_at(self, run: RunReplay, t: float, race_length: float) -> None:
+        """Show what ``run`` had produced ``t`` seconds in; ``race_length`` is the slower run's duration."""
+        elapsed = min(t, run.duration)
+        self.clock_bar.setValue(int(1000 * elapsed / race_length) if race_length > 0 else 0)
+        self.clock_bar.setFormat(f"{elapsed:.2f} s" + (" \u2014 finished" if t >= run.duration else ""))
         k = run.steps_at(t)
         if k != self._shown:
             self._shown = k
@@ -69,11 +90,11 @@ class RacePane(QFrame):
         stats = run.result.steps[k - 1].stats if k else None
         done = k == len(run.result.steps)
         if stats is None:
-            self.numbers.setText(f"{min(t, run.duration):5.2f} s \u00b7 prefill\u2026")
+            self.numbers.setText("prefill\u2026")
             return
         ttft = stats.time_to_first_token or 0.0
         state = "done" if done else "running"
-        self.numbers.setText(f"{min(t, run.duration):5.2f} s \u00b7 {stats.new_tokens} tokens \u00b7 "
+        self.numbers.setText(f"{stats.new_tokens} tokens \u00b7 "
                              f"{stats.tokens_per_second:6.1f} tok/s \u00b7 first token {ttft * 1000:.0f} ms \u00b7 "
                              f"{stats.tokens_per_call:.2f} tok/call \u00b7 {state}")
 
@@ -81,8 +102,44 @@ class RacePane(QFrame):
         self.set_title(title)
         self.badge.hide()
         self.text.clear()
+        self.clock_bar.setValue(0)
+        self.clock_bar.setFormat("")
         self.numbers.setText("waiting\u2026")
         self._shown = -1
+
+
+class RaceSpeedPlot(pg.PlotWidget):
+    """Both runs' tokens/s on one time axis, drawn up to the replay clock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setMinimumHeight(150)
+        self.setMaximumHeight(200)
+        self.setTitle("tokens/s over time (engine clock, shared by both runs)")
+        self.setLabel("bottom", "seconds since the prompt")
+        self.setLabel("left", "tokens/s")
+        self.showGrid(x=True, y=True, alpha=0.25)
+        self.legend = self.addLegend(offset=(-10, 10), brush=LEGEND_BRUSH)
+        self.base_curve = self.plot(pen=pg.mkPen(BASE_COLOUR, width=2, style=Qt.DashLine), name="Baseline")
+        self.other_curve = self.plot(pen=pg.mkPen(SPEC_COLOUR, width=2.5), name="speculative")
+        self._series: list[tuple[list[float], list[float]]] = []
+
+    def load(self, summary: RaceSummary) -> None:
+        """Take both recordings (a rate needs two tokens, so earlier steps are left out)."""
+        self._series = [([e.timestamp for e in run.result.steps if e.stats.new_tokens >= 2],
+                         [e.stats.tokens_per_second for e in run.result.steps if e.stats.new_tokens >= 2])
+                        for run in (summary.baseline, summary.other)]
+        self.legend.removeItem(self.other_curve)
+        self.legend.addItem(self.other_curve, summary.other.label)
+        end = max(summary.baseline.duration, summary.other.duration)
+        top = max([y for _, ys in self._series for y in ys] + [1.0])
+        self.setXRange(0, end, padding=0.02)
+        self.setYRange(0, top * 1.1, padding=0)
+
+    def show_until(self, t: float) -> None:
+        for curve, (xs, ys) in zip((self.base_curve, self.other_curve), self._series):
+            k = bisect.bisect_right(xs, t)
+            curve.setData(xs[:k], ys[:k])
 
 
 class CompareWidget(QWidget):
@@ -124,6 +181,8 @@ class CompareWidget(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(buttons)
         layout.addLayout(panes, 1)
+        self.speed_plot = RaceSpeedPlot()
+        layout.addWidget(self.speed_plot)
         layout.addWidget(self.verdict)
         self.replay_button.clicked.connect(self.replay)
         self.stop_button.clicked.connect(self.stop)
@@ -177,9 +236,13 @@ class CompareWidget(QWidget):
         if self._worker is not None:
             self._queue = []
             self._worker.cancel()
-            if wait and self._thread is not None:
-                self._thread.wait()
+            if wait:
+                self._join_thread()
         self._timer.stop()
+
+    def closeEvent(self, event) -> None:
+        self.stop(wait=True)
+        super().closeEvent(event)
 
     def _next_run(self) -> None:
         strategy = self._queue.pop(0)
@@ -190,11 +253,12 @@ class CompareWidget(QWidget):
         self.stop_button.setEnabled(True)
         build = self._warm_then_make if not self._results else self._make_engine
         self._worker = EngineWorker(lambda s=strategy: build(s), self._prompt, self._max_new)
-        self._worker.step.connect(self._on_progress)
         self._running_label = label
-        # bound methods of this GUI-thread object, so the queued signals land on the GUI thread
-        self._worker.finished.connect(self._on_run_done)
-        self._worker.failed.connect(self._on_failed)
+        # explicitly queued: PySide6 calls a plain Python method in the emitting (worker) thread otherwise
+        queued = Qt.ConnectionType.QueuedConnection
+        self._worker.step.connect(self._on_progress, queued)
+        self._worker.finished.connect(self._on_run_done, queued)
+        self._worker.failed.connect(self._on_failed, queued)
         self._thread = start_worker(self._worker, self)
 
     def _warm_then_make(self, strategy) -> object:
@@ -207,11 +271,19 @@ class CompareWidget(QWidget):
         n = len(self._results) + 1
         self.status.setText(f"Run {n} of 2: {event.strategy}, {event.stats.new_tokens} tokens so far\u2026")
 
+    def _join_thread(self) -> None:
+        # the worker's last act was to emit; let its thread end before another starts or this widget goes away
+        if self._thread is not None:
+            self._thread.quit()   # its event loop ends at once, even if the queued quit has not been delivered yet
+            self._thread.wait()
+            self._thread = None
+
     def _on_run_done(self, result: GenerationResult) -> None:
         label = self._running_label
         self._worker = None
+        self._join_thread()
         self.stop_button.setEnabled(False)
-        if result.stop_reason.value == "cancelled":
+        if result.stop_reason == StopReason.CANCELLED:
             self._queue = []
             self.status.setText("Race stopped.")
             return
@@ -220,12 +292,21 @@ class CompareWidget(QWidget):
             self._next_run()
             return
         (base_label, base), (other_label, other) = self._results
-        self.summary = summarize(base_label, base, other_label, other)
+        self.show_results(base_label, base, other_label, other)
+
+    def show_results(self, baseline_label: str, baseline: GenerationResult, other_label: str,
+                     other: GenerationResult) -> None:
+        """Race two recorded runs of one prompt (from :meth:`start`, or recorded elsewhere, e.g. for a screenshot)."""
+        self.left.set_title(baseline_label)
+        self.right.set_title(other_label)
+        self.summary = summarize(baseline_label, baseline, other_label, other)
+        self.speed_plot.load(self.summary)
         self.runsFinished.emit(self.summary)
         self.replay()
 
     def _on_failed(self, message: str) -> None:
         self._worker = None
+        self._join_thread()
         self._queue = []
         self.stop_button.setEnabled(False)
         self.status.setText(f"The race failed: {message}")
@@ -236,9 +317,6 @@ class CompareWidget(QWidget):
         """Race the two recordings from t = 0 on a shared clock (``speed`` times real time)."""
         if self.summary is None:
             return
-        self.left.badge.hide()
-        self.right.badge.hide()
-        self.verdict.setText("")
         self.status.setText("Racing the recorded runs on one clock\u2026")
         self.replay_button.setEnabled(False)
         self._wall0 = time.perf_counter()
@@ -251,11 +329,17 @@ class CompareWidget(QWidget):
         if s is None:
             return
         self.clock = t
-        self.left.show_at(s.baseline, t)
-        self.right.show_at(s.other, t)
-        if t >= max(s.baseline.duration, s.other.duration):
+        length = max(s.baseline.duration, s.other.duration)
+        self.left.show_at(s.baseline, t, length)
+        self.right.show_at(s.other, t, length)
+        self.speed_plot.show_until(t)
+        if t >= length:
             self._timer.stop()
             self._show_verdict()
+        elif not self.left.badge.isHidden() or not self.right.badge.isHidden() or self.verdict.text():
+            self.left.badge.hide()   # the clock went back before the finish: no winner yet
+            self.right.badge.hide()
+            self.verdict.setText("")
 
     def finish_replay(self) -> None:
         """Jump to the end of the race."""
@@ -292,11 +376,46 @@ class CompareDialog(QDialog):
     def __init__(self, make_engine: Callable[[object], object], parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("SpecLens \u2014 race against plain decoding")
-        self.resize(1100, 640)
+        self.resize(1100, 760)
+        # modal: the race decodes on the window's own models, so the chat must not use them meanwhile
+        self.setWindowModality(Qt.WindowModal)
         self.compare = CompareWidget(make_engine, self)
         layout = QVBoxLayout(self)
         layout.addWidget(self.compare)
 
     def closeEvent(self, event) -> None:
-        self.compare.stop(wait=True)
+        self.compare.close()
         super().closeEvent(event)
+
+
+def race_from_window(window) -> CompareDialog | None:
+    """Open the race for the main window: its loaded models, its settings' strategy and sampling, and the current
+    chat up to its last user message. Says why in a dialog (and returns None) when it cannot race.
+
+    The window must not be generating: the race decodes on the same models (their caches are not shared safely).
+    """
+    if window.backends is None:
+        window.show_message("Race", "Load the models first: the race decodes with the window's model pair.")
+        return None
+    messages = window.conv.messages if window.conv is not None else []
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    if last_user is None:
+        window.show_message("Race", "Send a prompt first: the race decodes the chat's last user message.")
+        return None
+    try:
+        sampling = window.settings.sampling()
+        strategy = window.settings.build_strategy()
+    except ValueError as exc:
+        window.show_message("Race", f"Cannot race with these settings: {exc}")
+        return None
+    if isinstance(strategy, Baseline):
+        window.show_message("Race", "The strategy is Baseline: choose a speculative one in Settings to race it.")
+        return None
+    target, draft = window.backends
+    chat = [{"role": "system", "content": window.conv.system_prompt}] if window.conv.system_prompt else []
+    chat += [{"role": m.role, "content": m.content} for m in messages[: last_user + 1]]
+    dialog = CompareDialog(lambda s: SpeculativeEngine(target, None if isinstance(s, Baseline) else draft, s,
+                                                       sampling), window)
+    dialog.show()
+    dialog.compare.start(target.apply_chat_template(chat), strategy, window.settings.max_new_tokens)
+    return dialog

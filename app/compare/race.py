@@ -91,10 +91,10 @@ class RaceSummary:
         if c.margin is None:
             return (f"greedy outputs differ at token {c.index} after \u201c{context}\u201d: baseline {want!r} vs "
                     f"{self.other.label} {got!r} (no top-2 margin was recorded)")
-        why = ("a near-tie: the two top logits were within rounding of each other, so batched kernels may flip it"
-               if c.near_tie else "NOT a near-tie: this is a real difference between the runs, investigate")
+        why = ("batched kernels can round a near-tie either way" if c.near_tie
+               else "a real difference between the two runs: investigate")
         return (f"greedy outputs differ at token {c.index} after \u201c{context}\u201d: baseline {want!r} vs "
-                f"{self.other.label} {got!r}; {c.describe()} \u2014 {why}")
+                f"{self.other.label} {got!r}; {c.describe()}: {why}")
 
 
 def summarize(baseline_label: str, baseline: GenerationResult, other_label: str,

@@ -5,11 +5,13 @@ The chat window calls ``on_generation_started``, ``on_step`` and ``on_finished``
 """
 from __future__ import annotations
 
+from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import QLabel, QTabWidget, QVBoxLayout, QWidget
 
 from app.viz.planner_view import PlannerSnapshot, PlannerView
 from app.viz.plots import PlotsWidget
-from app.viz.tree_view import TreeReplay
+from app.viz.tree_view import BACKGROUND as TREE_BACKGROUND
+from app.viz.tree_view import CAPTION_COLOUR, TreeReplay
 from core.events import GenerationResult, StepEvent
 
 
@@ -47,12 +49,31 @@ class VizPanel(QWidget):
         layout.addWidget(self.summary)
         layout.addWidget(self.tabs, 1)
         self._shape: tuple[int, ...] | None = None
+        self._strategy = None
         self.label = ""
+        self._follow_palette()
+
+    def changeEvent(self, event) -> None:
+        if event.type() == QEvent.Type.PaletteChange:  # the window switched theme
+            self._follow_palette()
+        super().changeEvent(event)
+
+    def _follow_palette(self) -> None:
+        palette = self.palette()
+        if palette.window().color().lightness() < 128:
+            tree_bg = plot_bg = palette.base().color().name()
+            caption = plot_ink = palette.text().color().name()
+        else:
+            tree_bg, caption, plot_bg, plot_ink = TREE_BACKGROUND, CAPTION_COLOUR, "w", "#333333"
+        self.tree.view.set_colours(tree_bg, caption)
+        for grid in (self.plots.graphics, self.planner.graphics):
+            grid.set_colours(plot_bg, plot_ink)
 
     def set_strategy(self, strategy) -> None:
         """The strategy of the next answer; its planned tree shape (``parents``), if any, is drawn faintly."""
         parents = getattr(strategy, "parents", None)
         self._shape = tuple(parents) if parents else None
+        self._strategy = strategy
 
     def set_plan(self, snapshot: PlannerSnapshot) -> None:
         """Show what the planner measured and chose."""
@@ -73,5 +94,9 @@ class VizPanel(QWidget):
 
     def on_finished(self, result: GenerationResult) -> None:
         """The answer ended (EOS, limit, cancel)."""
+        self.tree.view.finish_animation()  # the answer's last tree stays settled, whenever the window is looked at
         self.plots.refresh()
         self.summary.setText(stats_line(None, result))
+        plan = getattr(self._strategy, "plan", None)  # Auto measured (or loaded) a plan while binding
+        if getattr(plan, "tree", None) is not None and getattr(plan, "acceptance", None):
+            self.set_plan(PlannerSnapshot.from_plan(plan, note="Auto's plan for this pair on this machine"))

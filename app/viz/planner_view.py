@@ -14,6 +14,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from app.viz.plots import PlotGrid
+
 DEPTH_COLOURS = ["#90caf9", "#64b5f6", "#42a5f5", "#1e88e5", "#1565c0", "#0d47a1", "#311b92", "#1a237e"]
 PLAN_COLOUR = "#e65100"
 
@@ -42,6 +44,13 @@ class PlannerSnapshot:
                    plan.budget, plan.depth, tuple(plan.parents), plan.expected_tokens, plan.speedup,
                    dict(latencies.draft) or None, realised_speedup, note)
 
+    @classmethod
+    def from_plan(cls, plan, realised_speedup: float | None = None, note: str = "") -> "PlannerSnapshot":
+        """Build from core.planner's ``Plan`` (Auto's measurements); it must hold a measured tree."""
+        if plan.tree is None or not plan.acceptance:
+            raise ValueError("this plan has no Sequoia tree (no draft model, or nothing was accepted in calibration)")
+        return cls.from_sequoia(plan.table(), plan.latencies, plan.tree, realised_speedup, note)
+
     def with_realised(self, speedup: float) -> "PlannerSnapshot":
         """The same plan with the speedup a race measured."""
         from dataclasses import replace
@@ -64,35 +73,33 @@ class PlannerView(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        pg.setConfigOptions(antialias=True, background="w", foreground="#333333")
         self.summary = QLabel("No plan yet: choose Sequoia or Auto, or run `speclens plan`, to see what the "
                               "planner measured and chose.")
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.RichText)
-        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics = PlotGrid()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.summary)
         layout.addWidget(self.graphics, 1)
 
-        self.acc_plot = self.graphics.addPlot(row=0, col=0, title="acceptance vector a\u1d62")
+        self.acc_plot = self.graphics.add("acceptance vector: a(i) = P(the i-th child is accepted)")
         self.acc_plot.setLabel("bottom", "rank of the drafted child")
-        self.acc_plot.setLabel("left", "P(this child is accepted)")
+        self.acc_plot.setLabel("left", "a(i)")
         self.acc_bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush="#1e8e3e")
         self.acc_plot.addItem(self.acc_bars)
-        self.acc_plot.getAxis("left").enableAutoSIPrefix(False)
 
-        self.dp_plot = self.graphics.addPlot(row=0, col=1, title="DP: best tokens per call c(n, d)")
+        self.dp_plot = self.graphics.add("DP: best tokens per call c(n, d)")
         self.dp_plot.setLabel("bottom", "tree size n (tokens per target call)")
         self.dp_plot.setLabel("left", "expected tokens per call")
         self.dp_plot.showGrid(x=True, y=True, alpha=0.25)
         self.dp_plot.setYRange(0, 1, padding=0)  # widened in show_snapshot; starts at 0 to leave room for the legend
-        self.dp_legend = self.dp_plot.addLegend(offset=(-10, -10), colCount=3)
+        self.dp_legend = self.dp_plot.addLegend(offset=(-10, -10), colCount=3, brush=(255, 255, 255, 225))
         self.dp_curves: list[pg.PlotDataItem] = []
         self.dp_plan = self.dp_plot.plot(pen=None, symbol="star", symbolSize=18, symbolBrush=PLAN_COLOUR,
                                          name="chosen plan")
 
-        self.lat_plot = self.graphics.addPlot(row=1, col=0, title="measured verify latency")
+        self.lat_plot = self.graphics.add("measured verify latency")
         self.lat_plot.setLabel("bottom", "tokens in one target call")
         self.lat_plot.setLabel("left", "\u00d7 one plain decode")
         self.lat_plot.showGrid(x=True, y=True, alpha=0.25)
@@ -100,7 +107,7 @@ class PlannerView(QWidget):
                                             symbolBrush="#1a56db")
         self.lat_ideal = self.lat_plot.plot(pen=pg.mkPen("#9e9e9e", width=1, style=Qt.DashLine))
 
-        self.speed_plot = self.graphics.addPlot(row=1, col=1, title="speedup over plain decoding")
+        self.speed_plot = self.graphics.add("speedup over plain decoding")
         self.speed_plot.setLabel("left", "\u00d7 baseline tokens/s")
         self.speed_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brushes=[])
         self.speed_plot.addItem(self.speed_bars)
@@ -117,6 +124,7 @@ class PlannerView(QWidget):
         self.snapshot = snap
         a = snap.acceptance
         self.acc_bars.setOpts(x=list(range(1, len(a) + 1)), height=list(a))
+        self.acc_plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(1, len(a) + 1)]])
         for curve in self.dp_curves:
             self.dp_plot.removeItem(curve)
             self.dp_legend.removeItem(curve)

@@ -13,11 +13,57 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from core.events import StepEvent
 
+pg.setConfigOptions(antialias=True, background="w", foreground="#333333")
+
 REFRESH_HZ = 25
 SPEC_COLOUR = "#1a56db"
 BASE_COLOUR = "#757575"
 BAR_COLOUR = "#1e8e3e"
 THEORY_COLOUR = "#e65100"
+LEGEND_BRUSH = (255, 255, 255, 225)  # legends stay readable over curves
+NARROW = 760  # below this width the plots stack in one column instead of being clipped
+
+
+class PlotGrid(pg.GraphicsLayoutWidget):
+    """A grid of plots that stacks them in one column when the panel is narrow (pyqtgraph does not shrink them)."""
+
+    def __init__(self) -> None:
+        self.plots: list[pg.PlotItem] = []  # set before the base class, whose constructor already resizes
+        self._columns = 0
+        super().__init__()
+
+    def add(self, title: str) -> pg.PlotItem:
+        plot = pg.PlotItem(title=title)
+        for axis in ("left", "bottom"):
+            plot.getAxis(axis).enableAutoSIPrefix(False)  # "(x0.001)" beside a unit only confuses
+        self.plots.append(plot)
+        self._arrange(force=True)
+        return plot
+
+    def _arrange(self, force: bool = False) -> None:
+        columns = 1 if 0 < self.width() < NARROW else 2
+        if columns == self._columns and not force:
+            return
+        self._columns = columns
+        for plot in self.plots:
+            if plot in self.ci.items:
+                self.ci.removeItem(plot)
+        for i, plot in enumerate(self.plots):
+            self.ci.addItem(plot, row=i // columns, col=i % columns)
+
+    def set_colours(self, background: str, ink: str) -> None:
+        """Background, axes and titles in the window's theme."""
+        self.setBackground(background)
+        for plot in self.plots:
+            for axis in ("left", "bottom"):
+                plot.getAxis(axis).setPen(ink)
+                plot.getAxis(axis).setTextPen(ink)
+            plot.setTitle(plot.titleLabel.text, color=ink)
+
+    def resizeEvent(self, event) -> None:
+        if self.plots:
+            self._arrange()
+        super().resizeEvent(event)
 
 
 def expected_tokens_per_call(b: np.ndarray | float, g: int) -> np.ndarray | float:
@@ -58,39 +104,38 @@ class PlotsWidget(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        pg.setConfigOptions(antialias=True, background="w", foreground="#333333")
-        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics = PlotGrid()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.graphics)
 
-        self.speed_plot = self.graphics.addPlot(row=0, col=0, title="tokens/s over time (engine clock)")
+        self.speed_plot = self.graphics.add("tokens/s over time (engine clock)")
         self.speed_plot.setLabel("bottom", "seconds since the prompt")
         self.speed_plot.setLabel("left", "tokens/s")
         self.speed_plot.showGrid(x=True, y=True, alpha=0.25)
-        self.speed_plot.addLegend(offset=(-10, 10))
+        self.speed_plot.addLegend(offset=(-10, 10), brush=LEGEND_BRUSH)
         self.spec_curve = self.speed_plot.plot(pen=pg.mkPen(SPEC_COLOUR, width=2.5), name="speculative")
         self.base_curve = self.speed_plot.plot(pen=pg.mkPen(BASE_COLOUR, width=2, style=pg.QtCore.Qt.DashLine),
                                                name="baseline")
 
-        self.hist_plot = self.graphics.addPlot(row=0, col=1, title="tokens per target call")
+        self.hist_plot = self.graphics.add("tokens per target call")
         self.hist_plot.setLabel("bottom", "tokens emitted by one target call")
         self.hist_plot.setLabel("left", "calls")
         self.hist_bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=SPEC_COLOUR)
         self.hist_plot.addItem(self.hist_bars)
 
-        self.depth_plot = self.graphics.addPlot(row=1, col=0, title="acceptance rate by depth")
+        self.depth_plot = self.graphics.add("acceptance rate by depth")
         self.depth_plot.setLabel("bottom", "depth in the draft tree")
         self.depth_plot.setLabel("left", "accepted / tested")
         self.depth_plot.setYRange(0, 1.05)
         self.depth_bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=BAR_COLOUR)
         self.depth_plot.addItem(self.depth_bars)
 
-        self.theory_plot = self.graphics.addPlot(row=1, col=1, title="theory vs measured")
+        self.theory_plot = self.graphics.add("theory vs measured")
         self.theory_plot.setLabel("bottom", "acceptance rate b")
         self.theory_plot.setLabel("left", "tokens per call")
         self.theory_plot.setXRange(0, 1)
-        self.theory_plot.addLegend(offset=(10, 10))
+        self.theory_plot.addLegend(offset=(10, 10), brush=LEGEND_BRUSH)
         self.theory_curve = self.theory_plot.plot(pen=pg.mkPen(THEORY_COLOUR, width=2), name="(1-b^(g+1))/(1-b)")
         self.measured_point = self.theory_plot.plot(pen=None, symbol="o", symbolSize=11, symbolBrush=SPEC_COLOUR,
                                                     name="measured")
@@ -120,7 +165,8 @@ class PlotsWidget(QWidget):
     def add_step(self, event: StepEvent) -> None:
         """Buffer one step of the speculative (or only) run."""
         stats = event.stats
-        self.spec.append(event.timestamp, stats.tokens_per_second)
+        if stats.new_tokens >= 2:  # a rate needs two tokens; before that it is only the time to the first one
+            self.spec.append(event.timestamp, stats.tokens_per_second)
         n = len(event.tokens)
         self.calls[n] = self.calls.get(n, 0) + 1
         self.depth_rates = stats.acceptance_by_depth
@@ -132,7 +178,8 @@ class PlotsWidget(QWidget):
 
     def add_baseline_step(self, event: StepEvent) -> None:
         """Buffer one step of the baseline run being raced against."""
-        self.base.append(event.timestamp, event.stats.tokens_per_second)
+        if event.stats.new_tokens >= 2:
+            self.base.append(event.timestamp, event.stats.tokens_per_second)
         self._dirty = True
 
     def refresh(self) -> None:

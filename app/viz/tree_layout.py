@@ -51,6 +51,7 @@ class Box:
     x: float            # in leaf slots (0, 1, 2, ...), centred over children
     detail: str         # the hover / click explanation
     on_path: bool = False   # on the accepted path (root, accepted nodes, and the extra token)
+    caption: str = ""   # small print under the box: the probabilities verification used
 
 
 def match_planned_slots(nodes: Sequence[NodeInfo], shape: Sequence[int]) -> dict[int, int]:
@@ -90,8 +91,12 @@ def explain_node(node: NodeInfo, event: StepEvent) -> str:
     """Why this drafted node was accepted, rejected or never tested, in words (shown on hover and click)."""
     head = (f"token {visible_token(node.text, 40)!s} (id {node.token}), depth {node.depth}"
             + (f", drafted by {node.source}" if node.source else ""))
-    probs = f"q (draft) = {_fmt(node.q)}   p (target) = {_fmt(node.p)}"
     greedy = _is_greedy(event)
+    if greedy:
+        probs = (f"p (target softmax) = {_fmt(node.p)}   q = 1: a greedy draft proposes its top tokens, "
+                 "declared deterministic")
+    else:
+        probs = f"q (draft) = {_fmt(node.q)}   p (target) = {_fmt(node.p)}"
     if node.fate == Fate.NOT_REACHED:
         why = ("not reached: verification left this branch earlier (an ancestor was rejected, or a sibling "
                "before it was accepted), so the target never tested it")
@@ -107,8 +112,10 @@ def explain_node(node: NodeInfo, event: StepEvent) -> str:
         ratio = ""
         if node.p is not None and node.q > 0:
             ratio = f"; min(1, p/q) = {min(1.0, node.p / node.q):.4f}"
-        residual = (" (tested against the residual left by earlier rejected siblings, so it differs from min(1, p/q))"
-                    if ratio and abs(a - min(1.0, node.p / node.q)) > 1e-9 else "")
+        after_rejections = any(m.parent == node.parent and m.index < node.index and m.fate == Fate.REJECTED
+                               for m in event.nodes)
+        residual = (" (tested against the residual left by earlier rejected siblings, not against p itself)"
+                    if after_rejections else "")
         if node.fate == Fate.ACCEPTED:
             why = f"accepted with probability {a:.4f}{ratio}{residual}"
         else:
@@ -138,6 +145,13 @@ def explain_extra(event: StepEvent) -> str:
     return f"{head}\n{why}{extra}"
 
 
+def caption(node: NodeInfo, greedy: bool) -> str:
+    """The probabilities printed under a tested node's box."""
+    if node.p is None:
+        return ""
+    return f"p {node.p:.2f}" if greedy else f"p {node.p:.2f} q {node.q:.2f}"
+
+
 def _tidy_x(children: dict[str, list[str]], root: str) -> dict[str, float]:
     """Leaves get consecutive slots in depth-first order; a parent sits midway between its first and last child."""
     xs: dict[str, float] = {}
@@ -165,16 +179,19 @@ def layout_step(event: StepEvent, shape: Sequence[int] | None = None, root_text:
     """
     nodes = event.nodes
     slot_of = match_planned_slots(nodes, shape) if shape else {}
+    if shape and len(slot_of) < len(nodes):
+        shape, slot_of = None, {}  # another drafter made this tree (Auto's n-gram chain): the plan does not apply
     # keys follow planned slots when there is a plan, so a node keeps its place from step to step
     key_of = {n.index: (f"s{slot_of[n.index]}" if n.index in slot_of else f"n{n.index}") for n in nodes}
     on_path = set(event.accepted_path)
-    entries: list[tuple[str, str, str, str | None, int, str, bool]] = [
-        ("root", ROOT, visible_token(root_text) if root_text else "\u25b6", None, 0,
-         "the last committed token: every drafted node continues from here", True)]
+    greedy = _is_greedy(event)
+    entries: list[tuple[str, str, str, str | None, int, str, bool, str]] = [
+        ("root", ROOT, visible_token(root_text) if root_text else "prompt", None, 0,
+         "the last committed token: every drafted node continues from here", True, "")]
     for n in nodes:
         parent_key = "root" if n.parent < 0 else key_of[n.parent]
         entries.append((key_of[n.index], n.fate.value, visible_token(n.text), parent_key, n.depth,
-                        explain_node(n, event), n.index in on_path))
+                        explain_node(n, event), n.index in on_path, caption(n, greedy)))
     if shape:
         depths: list[int] = []
         for p in shape:
@@ -184,17 +201,17 @@ def layout_step(event: StepEvent, shape: Sequence[int] | None = None, root_text:
             if slot not in filled:
                 entries.append((f"s{slot}", PLANNED, "", "root" if p < 0 else f"s{p}", depths[slot],
                                 "a slot of the planned shape that was not drafted this step (node budget or the "
-                                "answer's remaining length cut the tree)", False))
+                                "answer's remaining length cut the tree)", False, ""))
     if event.tokens and event.origins and event.origins[-1] != Origin.DRAFT:
         last = event.accepted_path[-1] if event.accepted_path else -1
         parent_key = "root" if last < 0 else key_of[last]
         depth = 1 + next((n.depth for n in nodes if n.index == last), 0)
         entries.append(("extra", event.origins[-1].value, visible_token(event.token_texts[-1]), parent_key, depth,
-                        explain_extra(event), True))
+                        explain_extra(event), True, event.origins[-1].value))
     children: dict[str, list[str]] = {}
     for key, _, _, parent_key, *_ in entries:
         if parent_key is not None:
             children.setdefault(parent_key, []).append(key)
     xs = _tidy_x(children, "root")
-    return [Box(key, kind, label, parent_key, depth, xs.get(key, 0.0), detail, path)
-            for key, kind, label, parent_key, depth, detail, path in entries]
+    return [Box(key, kind, label, parent_key, depth, xs.get(key, 0.0), detail, path, cap)
+            for key, kind, label, parent_key, depth, detail, path, cap in entries]

@@ -11,8 +11,8 @@ from typing import Sequence
 
 from PySide6.QtCore import QEasingCurve, QPointF, QRectF, Qt, QVariantAnimation, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPen
-from PySide6.QtWidgets import (QGraphicsItem, QGraphicsLineItem, QGraphicsObject, QGraphicsScene, QGraphicsView,
-                               QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QGraphicsLineItem, QGraphicsObject, QGraphicsScene, QGraphicsSimpleTextItem,
+                               QGraphicsView, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget)
 
 from app.viz import tree_layout as tl
 from core.events import Origin, StepEvent
@@ -35,7 +35,7 @@ STYLES = {
     tl.NOT_REACHED: Style("#eceff1", "#b0bec5", "#78909c"),
     tl.CORRECTION: Style("#ffe0b2", "#e65100", "#5d2c00", marker="\u2605"),
     tl.BONUS: Style("#d0e2ff", "#1a56db", "#0b2a6b", marker="\u2605"),
-    tl.PLANNED: Style("#ffffff", "#b0bec5", "#b0bec5", opacity=0.45, dashed=True),
+    tl.PLANNED: Style("transparent", "#b0bec5", "#b0bec5", opacity=0.6, dashed=True),
 }
 LEGEND = [(tl.ACCEPTED, "accepted"), (tl.REJECTED, "rejected"), (tl.NOT_REACHED, "not reached"),
           (tl.CORRECTION, "\u2605 correction"), (tl.BONUS, "\u2605 bonus"), (tl.PLANNED, "planned, not drafted")]
@@ -45,14 +45,20 @@ MIN_BOX_W = 34.0
 SLOT_W = 74.0
 LEVEL_H = 58.0
 ANIMATION_MS = 260
+CAPTION_H = 13.0
+DROP = 10.0   # how far a box with new content drops in from
+CAPTION_COLOUR = "#546e7a"
+BACKGROUND = "#fafafa"
 
 
 class NodeItem(QGraphicsObject):
     """One token box; its colours come from ``Style`` and its explanation is the tooltip."""
 
-    def __init__(self, box: tl.Box, font: QFont) -> None:
+    def __init__(self, box: tl.Box, font: QFont, small: QFont, ink: str) -> None:
         super().__init__()
         self._font = font
+        self._small = small
+        self.ink = ink  # colour of the caption under the box
         self.setAcceptHoverEvents(True)
         self.setCursor(Qt.PointingHandCursor)
         self.apply(box)
@@ -70,7 +76,8 @@ class NodeItem(QGraphicsObject):
         self.update()
 
     def boundingRect(self) -> QRectF:
-        return QRectF(-self.width / 2 - 2, -BOX_H / 2 - 2, self.width + 4, BOX_H + 4)
+        w = max(self.width, SLOT_W - 4)
+        return QRectF(-w / 2 - 2, -BOX_H / 2 - 2, w + 4, BOX_H + CAPTION_H + 4)
 
     def paint(self, painter: QPainter, option, widget=None) -> None:
         s = self.style
@@ -85,6 +92,11 @@ class NodeItem(QGraphicsObject):
         painter.setFont(self._font)
         painter.setPen(QColor(s.text))
         painter.drawText(rect, Qt.AlignCenter, self.label)
+        if self.box.caption:
+            painter.setFont(self._small)
+            painter.setPen(QColor(self.ink))
+            below = QRectF(-(SLOT_W - 4) / 2, BOX_H / 2 + 1, SLOT_W - 4, CAPTION_H)
+            painter.drawText(below, Qt.AlignHCenter | Qt.AlignTop, self.box.caption)
 
 
 class TreeView(QGraphicsView):
@@ -96,15 +108,19 @@ class TreeView(QGraphicsView):
         super().__init__(parent)
         self.setScene(QGraphicsScene(self))
         self.setRenderHint(QPainter.Antialiasing)
-        self.setBackgroundBrush(QColor("#fafafa"))
+        self._ink = CAPTION_COLOUR
+        self.setBackgroundBrush(QColor(BACKGROUND))
         self.setMinimumHeight(200)
         self._font = QFont("DejaVu Sans Mono", 10)
+        self._small = QFont("DejaVu Sans", 7)
+        self._depth_labels: list[QGraphicsSimpleTextItem] = []
         self._items: dict[str, NodeItem] = {}
         self._edges: dict[str, QGraphicsLineItem] = {}
         self._leaving: list[NodeItem] = []
         self._start: dict[str, QPointF] = {}
         self._goal: dict[str, QPointF] = {}
         self._fresh: set[str] = set()
+        self._changed: set[str] = set()
         self.event: StepEvent | None = None
         self.boxes: list[tl.Box] = []
         self._anim = QVariantAnimation(self)
@@ -127,20 +143,26 @@ class TreeView(QGraphicsView):
         old = {k: item.pos() for k, item in self._items.items()}
         for key in [k for k in self._items if k not in goal]:
             self._leaving.append(self._items.pop(key))
-        self._start, self._goal, self._fresh = {}, goal, set()
+        self._start, self._goal, self._fresh, self._changed = {}, goal, set(), set()
         for box in self.boxes:
             item = self._items.get(box.key)
             if item is None:
-                item = NodeItem(box, self._font)
+                item = NodeItem(box, self._font, self._small, self._ink)
                 self.scene().addItem(item)
                 self._items[box.key] = item
                 self._fresh.add(box.key)
                 origin = old.get(box.parent_key) if box.parent_key else None
                 self._start[box.key] = origin if origin is not None else goal.get(box.parent_key, goal[box.key])
             else:
+                changed = (item.box.label, item.box.kind, item.box.caption) != (box.label, box.kind, box.caption)
                 item.apply(box)
                 self._start[box.key] = old[box.key]
+                if changed and old[box.key] == goal[box.key]:
+                    # new content in the same place: drop it in from slightly above and fade it up
+                    self._start[box.key] = goal[box.key] - QPointF(0.0, DROP)
+                    self._changed.add(box.key)
         self._sync_edges()
+        self._label_depths()
         self._fit()
         if animate and (self._fresh or self._leaving or any(self._start[k] != goal[k] for k in goal)):
             self._advance(0.0)
@@ -152,7 +174,7 @@ class TreeView(QGraphicsView):
         """Forget the drawing (a new answer starts)."""
         self._anim.stop()
         self.scene().clear()
-        self._items, self._edges, self._leaving = {}, {}, []
+        self._items, self._edges, self._leaving, self._depth_labels = {}, {}, [], []
         self.event, self.boxes = None, []
 
     def item(self, key: str) -> NodeItem:
@@ -166,8 +188,18 @@ class TreeView(QGraphicsView):
             counts[item.box.kind] = counts.get(item.box.kind, 0) + 1
         return counts
 
+    def set_colours(self, background: str, ink: str) -> None:
+        """Background and caption colours (the token boxes keep theirs: they read on light and dark alike)."""
+        self._ink = ink
+        self.setBackgroundBrush(QColor(background))
+        for item in self._items.values():
+            item.ink = ink
+            item.update()
+        for label in self._depth_labels:
+            label.setBrush(QColor(ink))
+
     def finish_animation(self) -> None:
-        """Jump to the end of the running animation (screenshots)."""
+        """Jump to the end of the running animation (the answer ended, or a screenshot is due)."""
         if self._anim.state() == QVariantAnimation.Running:
             self._anim.stop()
         self._settle()
@@ -179,7 +211,8 @@ class TreeView(QGraphicsView):
             a, b = self._start.get(key, self._goal[key]), self._goal[key]
             item.setPos(a + (b - a) * t)
             target = item.style.opacity
-            item.setOpacity(target * t if key in self._fresh else target)
+            item.setOpacity(target * t if key in self._fresh else
+                            target * (0.35 + 0.65 * t) if key in self._changed else target)
         for item in self._leaving:
             item.setOpacity(max(0.0, 1.0 - 2 * t) * item.style.opacity)
         self._place_edges()
@@ -191,7 +224,7 @@ class TreeView(QGraphicsView):
         for key, item in self._items.items():
             item.setPos(self._goal.get(key, item.pos()))
             item.setOpacity(item.style.opacity)
-        self._fresh = set()
+        self._fresh, self._changed = set(), set()
         self._place_edges()
 
     def _sync_edges(self) -> None:
@@ -214,19 +247,34 @@ class TreeView(QGraphicsView):
             edge.setPen(pen)
             edge.setOpacity(style.opacity)
 
+    def _label_depths(self) -> None:
+        for label in self._depth_labels:
+            self.scene().removeItem(label)
+        left = min(b.x for b in self.boxes) * SLOT_W - SLOT_W * 0.95
+        self._depth_labels = []
+        for depth in sorted({b.depth for b in self.boxes if b.depth > 0}):
+            label = QGraphicsSimpleTextItem(f"depth {depth}")
+            label.setFont(self._small)
+            label.setBrush(QColor(self._ink))
+            label.setPos(left, depth * LEVEL_H - label.boundingRect().height() / 2)
+            self.scene().addItem(label)
+            self._depth_labels.append(label)
+
     def _place_edges(self) -> None:
         for box in self.boxes:
             edge = self._edges.get(box.key)
             if edge is None:
                 continue
-            child, parent = self._items[box.key].pos(), self._items[box.parent_key].pos()
-            edge.setLine(parent.x(), parent.y() + BOX_H / 2, child.x(), child.y() - BOX_H / 2)
+            parent_item = self._items[box.parent_key]
+            child, parent = self._items[box.key].pos(), parent_item.pos()
+            below = BOX_H / 2 + (CAPTION_H if parent_item.box.caption else 0.0)  # start under the parent's caption
+            edge.setLine(parent.x(), parent.y() + below, child.x(), child.y() - BOX_H / 2)
 
     def _fit(self) -> None:
         xs = [b.x * SLOT_W for b in self.boxes]
         ys = [b.depth * LEVEL_H for b in self.boxes]
         rect = QRectF(min(xs) - SLOT_W, min(ys) - LEVEL_H / 2, max(xs) - min(xs) + 2 * SLOT_W,
-                      max(ys) - min(ys) + LEVEL_H)
+                      max(ys) - min(ys) + LEVEL_H + CAPTION_H)
         self.scene().setSceneRect(rect)
         self.resetTransform()
         view = self.viewport().rect()
