@@ -92,6 +92,9 @@ class SpeculativeEngine:
         return self.last_result
 
     def _make_drafter(self, rng: Rng) -> Drafter | None:
+        bind = getattr(self.strategy, "bind", None)  # a planning strategy (Auto) measures both models first
+        if bind is not None:
+            bind(self.target, self.draft, self.sampling)
         return self.strategy.make_drafter(self.draft, self.sampling, rng)
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int = 128,

@@ -18,7 +18,6 @@ nodes and the target evaluates exactly ``n`` tokens per call. With Sequoia's pub
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -121,12 +120,13 @@ def solve(acceptance: Sequence[float], max_nodes: int, max_depth: int) -> Sequoi
 
 
 def sequoia_parents(budget: int, max_depth: int, acceptance: Sequence[float] | None = None) -> tuple[int, ...]:
-    """The shape behind ``Tree.sequoia``: the optimal tree of ``budget`` tokens (root included) and depth <= max_depth."""
+    """The shape behind ``Tree.sequoia``: the best tree of ``budget`` tokens (root included), depth <= max_depth."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
         raise ValueError(f"a Sequoia budget counts the committed token too and must be an integer >= 2, got {budget!r}")
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
         raise ValueError(f"max_depth must be an integer >= 1, got {max_depth!r}")
-    parents = solve(PAPER_ACCEPTANCE if acceptance is None else acceptance, budget, max_depth).parents(budget, max_depth)
+    table = solve(PAPER_ACCEPTANCE if acceptance is None else acceptance, budget, max_depth)
+    parents = table.parents(budget, max_depth)
     if not parents:
         raise ValueError(f"the acceptance vector {tuple(acceptance or ())} gives no drafted node any value")
     return parents
@@ -155,6 +155,7 @@ class AcceptanceEstimate:
     width: int
     steps: int
     counts: tuple[int, ...]   # times the child of each rank was the accepted one
+    texts: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (prompt length, prompt + generated tokens) per prompt
 
 
 def estimate_acceptance(target, draft, prompts: Sequence[Sequence[int]], sampling, width: int = 4,
@@ -175,6 +176,7 @@ def estimate_acceptance(target, draft, prompts: Sequence[Sequence[int]], samplin
                                sampling)
     counts = [0] * width
     steps = 0
+    texts = []
     for prompt in prompts:
         for event in engine.stream(prompt, tokens_per_prompt):
             if not event.nodes:
@@ -182,9 +184,10 @@ def estimate_acceptance(target, draft, prompts: Sequence[Sequence[int]], samplin
             steps += 1
             if event.accepted_path:
                 counts[event.accepted_path[0]] += 1
+        texts.append((len(prompt), tuple(prompt) + engine.last_result.tokens))
     if steps == 0:
         raise ValueError("the calibration prompts produced no drafted step: give longer generations")
-    return AcceptanceEstimate(tuple(c / steps for c in counts), width, steps, tuple(counts))
+    return AcceptanceEstimate(tuple(c / steps for c in counts), width, steps, tuple(counts), tuple(texts))
 
 
 # -- measured latencies ----------------------------------------------------------------------------------------
@@ -193,7 +196,7 @@ def estimate_acceptance(target, draft, prompts: Sequence[Sequence[int]], samplin
 class Latencies:
     """Seconds per call on one machine: target forward of ``n`` tokens, draft forward of ``w`` tokens.
 
-    ``verify[n]`` and ``draft[w]`` are medians over repeats; other sizes are interpolated linearly between the
+    ``verify[n]`` and ``draft[w]`` are the fastest of a few repeats; other sizes are interpolated linearly between the
     measured ones and extrapolated from the last two. ``draft`` is empty when no draft model was profiled.
     """
 
@@ -225,7 +228,8 @@ class Latencies:
         return self.verify_cost(len(parents) + 1) + draft
 
     def to_json(self) -> dict:
-        return {"verify": {str(k): v for k, v in self.verify.items()}, "draft": {str(k): v for k, v in self.draft.items()}}
+        return {"verify": {str(k): v for k, v in self.verify.items()},
+                "draft": {str(k): v for k, v in self.draft.items()}}
 
     @classmethod
     def from_json(cls, data: dict) -> "Latencies":
@@ -249,8 +253,9 @@ def _interpolate(table: dict[int, float], x: int) -> float:
     return max(table[lo] + slope * (x - lo), 1e-9)
 
 
-def time_forward(backend, context: Sequence[int], size: int, repeats: int = 3) -> float:
-    """Median seconds of ``forward_tree`` on a chain of ``size`` tokens after ``context``; the cache is left as found."""
+def time_forward(backend, context: Sequence[int], size: int, repeats: int = 5) -> float:
+    """Seconds of ``forward_tree`` on a chain of ``size`` tokens after ``context`` (the fastest of ``repeats`` calls:
+    on a shared machine the slower ones measure the neighbours, not the model)."""
     backend.prefill(list(context))
     filler = [int(context[i % len(context)]) for i in range(size)]
     times = []
@@ -259,7 +264,16 @@ def time_forward(backend, context: Sequence[int], size: int, repeats: int = 3) -
         backend.forward_tree(TokenTree.chain(filler))
         times.append(time.perf_counter() - t0)
         backend.commit([])
-    return statistics.median(times[1:])  # the first call warms buffers up
+    return min(times[1:])  # the first call warms buffers up
+
+
+def _monotone(times: dict[int, float]) -> dict[int, float]:
+    # more tokens never cost less: a smaller time for a larger batch is timing noise, not a property to plan on
+    out, floor = {}, 0.0
+    for size in sorted(times):
+        floor = max(floor, times[size])
+        out[size] = floor
+    return out
 
 
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -267,12 +281,12 @@ DRAFT_SIZES = (1, 2, 4, 8)
 
 
 def profile_latencies(target, draft, context: Sequence[int], verify_sizes: Sequence[int] = VERIFY_SIZES,
-                      draft_sizes: Sequence[int] = DRAFT_SIZES, repeats: int = 3) -> Latencies:
+                      draft_sizes: Sequence[int] = DRAFT_SIZES, repeats: int = 5) -> Latencies:
     """Time the target's forward of ``n`` tokens and the draft's of ``w`` tokens after ``context`` on this machine."""
     if len(context) < 2:
         raise ValueError("profiling needs a context of at least 2 tokens")
-    verify = {n: time_forward(target, context, n, repeats) for n in verify_sizes}
-    drafted = {w: time_forward(draft, context, w, repeats) for w in draft_sizes} if draft is not None else {}
+    verify = _monotone({n: time_forward(target, context, n, repeats) for n in verify_sizes})
+    drafted = _monotone({w: time_forward(draft, context, w, repeats) for w in draft_sizes}) if draft is not None else {}
     target.reset()
     if draft is not None:
         draft.reset()

@@ -16,7 +16,7 @@ from tests.tiny_models import tiny_draft_pair
 
 
 def all_shapes(nodes: int, depth: int):
-    """Every ordered tree of exactly ``nodes`` drafted nodes and depth <= ``depth``, as breadth-agnostic parent lists."""
+    """Every ordered tree of exactly ``nodes`` drafted nodes and depth <= ``depth``, as parent lists."""
     def forests(m: int, d: int):
         # an ordered forest of m nodes: a first tree of s nodes (its root and a forest of s-1 below), then the rest
         if m == 0:
