@@ -70,6 +70,17 @@ class Backend(Protocol):
         """Keep the evaluated nodes ``path`` (a root-to-node path, in order) in the cache; drop all other tree nodes."""
 
 
+def reusable_prefix(committed: Sequence[int], ids: Sequence[int]) -> int:
+    """How many cached tokens a prefill of ``ids`` can keep: the common prefix, leaving at least one token of ``ids``
+    to evaluate so that its logits exist."""
+    common = 0
+    for a, b in zip(committed, ids):
+        if a != b:
+            break
+        common += 1
+    return min(common, len(ids) - 1)
+
+
 def check_fits(backend: Backend, needed: int) -> None:
     """Raise ContextLengthError when ``needed`` cached positions would exceed the backend's context."""
     if needed > backend.context_length:

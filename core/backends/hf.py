@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from core.backends.base import BackendError, check_fits, tokenizer_digest
+from core.backends.base import BackendError, check_fits, reusable_prefix, tokenizer_digest
 from core.tree import TokenTree
 
 
@@ -98,12 +98,7 @@ class HFBackend:
             raise BackendError("prefill needs at least one token")
         check_fits(self, len(ids))
         self._drop_tree()
-        common = 0
-        for a, b in zip(self._committed, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # evaluate at least one token to have its logits
+        common = reusable_prefix(self._committed, ids)
         if common < len(self._committed):
             self._cache.crop(common - len(self._committed))
             del self._committed[common:]

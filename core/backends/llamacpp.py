@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from core.backends.base import BackendError, ModelLoadError, check_fits, tokenizer_digest
+from core.backends.base import BackendError, ModelLoadError, check_fits, reusable_prefix, tokenizer_digest
 from core.tree import TokenTree
 
 DEFAULT_CONTEXT = 4096
@@ -294,12 +294,7 @@ class LlamaCppBackend:
         check_fits(self, len(ids))
         if self._evaluated:
             self.commit([])
-        common = 0
-        for a, b in zip(self._committed, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # evaluate at least one token to have its logits
+        common = reusable_prefix(self._committed, ids)
         if common < len(self._committed):
             self._lib.llama_memory_seq_rm(self._mem, _COMMITTED_SEQ, common, -1)
             del self._committed[common:]
