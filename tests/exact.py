@@ -53,3 +53,33 @@ def enumerate_outcomes(run: Callable[[ScriptedRng], Hashable]) -> dict[Hashable,
             for alt in range(1, rng.options[pos]):
                 stack.append(tuple(rng.taken[:pos]) + (alt,))
     return dict(dist)
+
+
+def first_two_tokens_exact(target, draft, strategy, params, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(speculative, target) joint distributions of the first two generated tokens, both exact.
+
+    The speculative one runs the real engine through every random path; the target's is the product of its own
+    processed next-token distributions. ``target`` must offer ``logits_for(context)`` (tests.table_backend).
+    """
+    from core.engine import SpeculativeEngine
+    from core.sampling import logits_to_probs
+
+    def run(rng):
+        engine = SpeculativeEngine(target, draft, strategy, params, rng_factory=lambda seed: rng)
+        out: list[int] = []
+        for event in engine.stream(prompt, max_new_tokens=3):
+            out += event.tokens
+            if len(out) >= 2:
+                break
+        return tuple(out[:2])
+
+    vocab = target.vocab_size
+    got = torch.zeros((vocab, vocab), dtype=torch.float64)
+    for (a, b), w in enumerate_outcomes(run).items():
+        got[a, b] += w
+    expected = torch.zeros_like(got)
+    first = logits_to_probs(target.logits_for(prompt), params)
+    for a in range(vocab):
+        if first[a] > 0:
+            expected[a] = first[a] * logits_to_probs(target.logits_for(prompt + [a]), params)
+    return got, expected

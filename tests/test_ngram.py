@@ -10,10 +10,10 @@ from core.drafting import Baseline, Chain, Tree
 from core.engine import SpeculativeEngine
 from core.merge import Merge, merge_trees, verdict_for
 from core.ngram import NGram, lookup
-from core.sampling import SamplingParams, logits_to_probs
+from core.sampling import SamplingParams
 from core.tree import Proposal, TokenTree
 from core.verify import Verdict
-from tests.exact import enumerate_outcomes
+from tests.exact import first_two_tokens_exact
 from tests.table_backend import TableBackend, random_table
 from tests.tiny_models import tiny_draft_pair
 
@@ -117,22 +117,5 @@ def test_sampled_joint_distribution_is_exact(name: str, strategy, params: Sampli
     target = TableBackend(random_table(vocab, seed=11), vocab, "target")
     draft = TableBackend(random_table(vocab, seed=12, holes=0.3), vocab, "draft")
     prompt = [0, 1, 2, 0, 1]   # the suffix 0 1 occurred before: lookup proposes 2 0
-
-    def run(rng):
-        engine = SpeculativeEngine(target, draft, strategy, params, rng_factory=lambda seed: rng)
-        out: list[int] = []
-        for event in engine.stream(prompt, max_new_tokens=3):
-            out += event.tokens
-            if len(out) >= 2:
-                break
-        return tuple(out[:2])
-
-    dist = enumerate_outcomes(run)
-    expected = torch.zeros((vocab, vocab), dtype=torch.float64)
-    p1 = logits_to_probs(target.logits_for(prompt), params)
-    for a in range(vocab):
-        expected[a] = p1[a] * logits_to_probs(target.logits_for(prompt + [a]), params)
-    got = torch.zeros_like(expected)
-    for (a, b), w in dist.items():
-        got[a, b] += w
+    got, expected = first_two_tokens_exact(target, draft, strategy, params, prompt)
     assert float((got - expected).abs().max()) < 1e-9, name

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from core.drafting import Chain, MultiDraft, Tree, sample_children
-from core.engine import SpeculativeEngine
 from core.sampling import SamplingParams, logits_to_probs
 from core.tree import TokenTree
 from core.verify import verify_tree
-from tests.exact import enumerate_outcomes
+from tests.exact import enumerate_outcomes, first_two_tokens_exact
 from tests.table_backend import TableBackend, random_table
 
 TOL = 1e-9
@@ -93,16 +92,6 @@ def test_greedy_is_exact_argmax(vocab: int) -> None:
             assert float((out - p).abs().max()) < TOL
 
 
-def _two_token_joint(target: TableBackend, params: SamplingParams, prompt: list[int]) -> torch.Tensor:
-    vocab = target.vocab_size
-    joint = torch.zeros((vocab, vocab), dtype=torch.float64)
-    p1 = logits_to_probs(target.logits_for(prompt), params)
-    for a in range(vocab):
-        if p1[a] > 0:
-            joint[a] = p1[a] * logits_to_probs(target.logits_for(prompt + [a]), params)
-    return joint
-
-
 END_TO_END = [
     ("chain2", Chain(2)),
     ("multidraft", MultiDraft(2, 2)),
@@ -123,22 +112,7 @@ def test_engine_two_token_joint_exact(name: str, strategy, params: SamplingParam
     vocab = 3
     target = TableBackend(random_table(vocab, seed=1), vocab, "target")
     draft = TableBackend(random_table(vocab, seed=2, holes=0.3), vocab, "draft")
-    prompt = [0, 1]
-
-    def run(rng):
-        engine = SpeculativeEngine(target, draft, strategy, params, rng_factory=lambda seed: rng)
-        out: list[int] = []
-        for event in engine.stream(prompt, max_new_tokens=3):
-            out += event.tokens
-            if len(out) >= 2:
-                break
-        return tuple(out[:2])
-
-    dist = enumerate_outcomes(run)
-    expected = _two_token_joint(target, params, prompt)
-    got = torch.zeros_like(expected)
-    for (a, b), w in dist.items():
-        got[a, b] += w
+    got, expected = first_two_tokens_exact(target, draft, strategy, params, [0, 1])
     err = float((got - expected).abs().max())
     assert err < TOL, f"{name}: joint of the first two tokens off by {err}"
 
