@@ -81,6 +81,14 @@ def reusable_prefix(committed: Sequence[int], ids: Sequence[int]) -> int:
     return min(common, len(ids) - 1)
 
 
+def check_tree_call(name: str, evaluated: int, start: int, n: int) -> None:
+    """Raise BackendError unless ``forward_tree`` of a tree of ``n`` nodes from ``start`` continues the evaluated ones."""
+    if start != evaluated:
+        raise BackendError(f"{name}: asked to evaluate from node {start} but {evaluated} are cached")
+    if n <= start:
+        raise BackendError(f"{name}: nothing to evaluate (tree of {n} nodes from {start})")
+
+
 def check_fits(backend: Backend, needed: int) -> None:
     """Raise ContextLengthError when ``needed`` cached positions would exceed the backend's context."""
     if needed > backend.context_length:

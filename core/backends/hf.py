@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from core.backends.base import BackendError, check_fits, reusable_prefix, tokenizer_digest
+from core.backends.base import BackendError, check_fits, check_tree_call, reusable_prefix, tokenizer_digest
 from core.tree import TokenTree
 
 
@@ -113,11 +113,8 @@ class HFBackend:
 
     @torch.inference_mode()
     def forward_tree(self, tree: TokenTree, start: int = 0) -> torch.Tensor:
-        if start != self._evaluated:
-            raise BackendError(f"{self.name}: asked to evaluate from node {start} but {self._evaluated} are cached")
         n = len(tree)
-        if n <= start:
-            raise BackendError(f"{self.name}: nothing to evaluate (tree of {n} nodes from {start})")
+        check_tree_call(self.name, self._evaluated, start, n)
         prefix = len(self._committed)
         check_fits(self, prefix + n)
         new = range(start, n)

@@ -19,7 +19,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from core.backends.base import BackendError, ModelLoadError, check_fits, reusable_prefix, tokenizer_digest
+from core.backends.base import (
+    BackendError, ModelLoadError, check_fits, check_tree_call, reusable_prefix, tokenizer_digest,
+)
 from core.tree import TokenTree
 
 DEFAULT_CONTEXT = 4096
@@ -355,11 +357,8 @@ class LlamaCppBackend:
         return seqs
 
     def forward_tree(self, tree: TokenTree, start: int = 0) -> torch.Tensor:
-        if start != self._evaluated:
-            raise BackendError(f"{self.name}: asked to evaluate from node {start} but {self._evaluated} are cached")
         n = len(tree)
-        if n <= start:
-            raise BackendError(f"{self.name}: nothing to evaluate (tree of {n} nodes from {start})")
+        check_tree_call(self.name, self._evaluated, start, n)
         if n - start > self.n_batch:
             raise BackendError(f"{self.name}: {n - start} nodes in one call exceed the batch size of {self.n_batch}")
         prefix = len(self._committed)
