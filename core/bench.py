@@ -151,16 +151,14 @@ def summarise(runs: list[dict], modes: list[str]) -> dict:
     summary = {}
     for mode in modes:
         rows = [r for r in runs if r["mode"] == mode]
-        ratios = [r["tokens_per_s"] / base[(r["prompt_set"], r["prompt_id"])] for r in rows
-                  if base.get((r["prompt_set"], r["prompt_id"]))]
+        by_prompt = [(r["prompt_set"], r["tokens_per_s"] / base[(r["prompt_set"], r["prompt_id"])]) for r in rows
+                     if base.get((r["prompt_set"], r["prompt_id"]))]
+        ratios = [ratio for _, ratio in by_prompt]
         entry = {"tokens_per_s": sum(r["new_tokens"] for r in rows) / max(sum(r["seconds"] for r in rows), 1e-12)}
         if ratios:
             entry.update(speedup=geomean(ratios), min_speedup=min(ratios), max_speedup=max(ratios))
-            entry["by_set"] = {}
-            for name in dict.fromkeys(r["prompt_set"] for r in rows):
-                sub = [r["tokens_per_s"] / base[(r["prompt_set"], r["prompt_id"])] for r in rows
-                       if r["prompt_set"] == name and base.get((r["prompt_set"], r["prompt_id"]))]
-                entry["by_set"][name] = geomean(sub)
+            entry["by_set"] = {name: geomean([ratio for s, ratio in by_prompt if s == name])
+                               for name in dict.fromkeys(name for name, _ in by_prompt)}
         predicted = [r["predicted_speedup"] for r in rows if "predicted_speedup" in r]
         if predicted and ratios:
             entry["predicted_speedup"] = geomean(predicted)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from core import assembly
 from core.drafting import Baseline, ModelDrafter
 from core.ngram import SOURCE as NGRAM_SOURCE
 from core.ngram import lookup
@@ -262,9 +263,8 @@ def measure_plan(target, draft, sampling: SamplingParams, prompts: Sequence[Sequ
 
 
 def cache_dir() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("speclens")) / "plans"
+    """Where plans are cached: the ``plans`` folder of SpecLens's user cache."""
+    return assembly.cache_dir() / "plans"
 
 
 def plan_path(key: dict) -> Path:
