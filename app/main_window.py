@@ -469,9 +469,19 @@ class MainWindow(QMainWindow):
         self._stream.strategy = label
         self.viz.on_generation_started(label)
 
-    def _on_step(self, event: StepEvent) -> None:
+    def _live_stream(self):
+        """The answer being streamed, if the signal being handled comes from its worker and the window stays open.
+
+        A stopped or replaced answer's worker may still deliver queued signals; they must not touch the new one.
+        """
         stream = self._stream
         if stream is None or self.sender() is not stream.worker or self._closing:
+            return None
+        return stream
+
+    def _on_step(self, event: StepEvent) -> None:
+        stream = self._live_stream()
+        if stream is None:
             return
         msg = stream.message
         msg.content += event.text
@@ -487,8 +497,8 @@ class MainWindow(QMainWindow):
         self.answer_updated.emit(event)
 
     def _on_finished(self, result: GenerationResult) -> None:
-        stream = self._stream
-        if stream is None or self.sender() is not stream.worker or self._closing:
+        stream = self._live_stream()
+        if stream is None:
             return
         stream.message.stats = stats_record(result.stats, stream.strategy, result.stop_reason)
         stream.message.complete = True
@@ -499,8 +509,8 @@ class MainWindow(QMainWindow):
         self.generation_finished.emit(result)
 
     def _on_failed(self, message: str) -> None:
-        stream = self._stream
-        if stream is None or self.sender() is not stream.worker or self._closing:
+        stream = self._live_stream()
+        if stream is None:
             return
         if stream.message.content:
             stream.message.complete = True
