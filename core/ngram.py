@@ -38,8 +38,10 @@ def lookup(tokens: Sequence[int], max_ngram: int = 4, min_ngram: int = 1, max_le
     toks = list(tokens)
     for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
         suffix = toks[n_tokens - n:]
+        last = suffix[-1]
         for start in range(n_tokens - n - 1, -1, -1):
-            if toks[start:start + n] != suffix:
+            # test the last token before slicing: this scan runs over the whole context at every step
+            if toks[start + n - 1] != last or toks[start:start + n] != suffix:
                 continue
             end = start + n
             continuation = tuple(toks[end:end + max_len])
