@@ -23,7 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pair", choices=("tiny", "default"), default="default",
                         help="model pair (tiny: fast random models)")
     parser.add_argument("--prompt", default=DEMO_PROMPT, help="what to type into the chat")
-    parser.add_argument("--strategy", default="chain", help="the strategy setting to show (e.g. chain, sequoia, auto)")
+    parser.add_argument("--strategy", default="auto", help="the strategy setting to show (e.g. auto, chain, sequoia)")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--no-race", action="store_true", help="skip the race against plain decoding at the end")
     parser.add_argument("--quit-after", type=float, default=0.0,
@@ -44,8 +44,8 @@ class DemoScript:
         self._tick_action = None
         self.race = None
         self.failed = ""
-        window.models_loaded.connect(self.type_prompt)
-        window.generation_finished.connect(self.after_answer)
+        window.session.warm.connect(self.type_prompt)
+        window.session.answer_finished.connect(lambda message, result: self.after_answer(result))
         window.message_shown.connect(self._on_message)
 
     def _ms(self, ms: float) -> int:
@@ -115,9 +115,7 @@ class DemoScript:
         if self.args.no_race:
             self.finish()
             return
-        from app.compare.compare_widget import race_from_window
-
-        self.race = race_from_window(self.window)
+        self.race = self.window.open_race()
         if self.race is None:
             self.finish()
             return
@@ -146,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     app = create_app()
     from app.chat.history import HistoryStore
-    from app.main_window import MainWindow
+    from app.main import open_window
     from app.settings import AppSettings
 
     with tempfile.TemporaryDirectory(prefix="speclens-demo-") as tmp:
@@ -155,10 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             settings = AppSettings(pair=args.pair, backend="hf" if args.pair == "tiny" else "llama.cpp",
                                    strategy=args.strategy, temperature=0.0, max_new_tokens=args.max_new_tokens)
-            window = MainWindow(settings, HistoryStore(Path(tmp) / "history.sqlite3"), persist=False)
+            window = open_window(settings, HistoryStore(Path(tmp) / "history.sqlite3"), persist=False)
             script = DemoScript(window, args, app)
-            window.show()
-            window.load_models()
             app.exec()
         finally:
             if old is None:

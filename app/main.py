@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from dataclasses import replace
+from pathlib import Path
 
-from app.settings import BACKENDS, CUSTOM_PAIR, REGISTRY_PAIRS, data_dir, load_settings
+from app.settings import BACKENDS, CUSTOM_PAIR, REGISTRY_PAIRS, SettingsError, data_dir, read_settings
 
 HISTORY_FILE = "history.sqlite3"
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -33,26 +36,58 @@ def create_app(argv: list[str] | None = None):
     return app
 
 
+def open_window(settings, store, load=None, persist: bool = True):
+    """The main window over a new ChatSession on ``store``, shown, with its models loading."""
+    from app.main_window import MainWindow
+    from app.session import ChatSession
+
+    window = MainWindow(ChatSession(settings, store, load=load, persist=persist))
+    window.show()
+    window.session.load_models()
+    return window
+
+
+def open_history(path: Path):
+    """The history store; a lock held by another SpecLens is retried as long as the user asks (Retry / Quit)."""
+    from PySide6.QtWidgets import QMessageBox
+
+    from app.chat.history import HistoryError, HistoryLockedError, HistoryStore
+
+    while True:
+        try:
+            return HistoryStore(path)
+        except HistoryLockedError as exc:
+            answer = QMessageBox.warning(None, "SpecLens", str(exc), QMessageBox.StandardButton.Retry
+                                         | QMessageBox.StandardButton.Cancel)
+            if answer != QMessageBox.StandardButton.Retry:
+                return None
+        except (HistoryError, OSError) as exc:
+            QMessageBox.critical(None, "SpecLens", f"{exc}\n\nSet SPECLENS_DATA_DIR to a usable folder to keep the "
+                                                   "chat history elsewhere.")
+            return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Open the window on the saved settings (command-line options override them) and run until it closes."""
+    logging.basicConfig(level=logging.WARNING, format="speclens: %(levelname)s %(name)s: %(message)s")
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     app = create_app()
-    from app.chat.history import HistoryError, HistoryStore
-    from app.main_window import MainWindow
+    from PySide6.QtWidgets import QMessageBox
 
-    settings = load_settings(pair=args.pair, backend=args.backend, theme=args.theme)
+    try:
+        folder = data_dir()
+        settings, notices = read_settings(pair=args.pair, backend=args.backend, theme=args.theme)
+    except SettingsError as exc:
+        QMessageBox.critical(None, "SpecLens", str(exc))
+        return 1
     if args.pair == "tiny" and args.backend is None:
         settings = replace(settings, backend="hf")  # the tiny pair exists only as PyTorch models
-    try:
-        store = HistoryStore(data_dir() / HISTORY_FILE)
-    except (HistoryError, OSError) as exc:
-        from PySide6.QtWidgets import QMessageBox
-
-        QMessageBox.critical(None, "SpecLens", f"{exc}\n\nSet SPECLENS_DATA_DIR to a writable folder.")
+    store = open_history(folder / HISTORY_FILE)
+    if store is None:
         return 1
-    window = MainWindow(settings, store)
-    window.show()
-    window.load_models()
+    window = open_window(settings, store)
+    for notice in notices:
+        window.show_message("Settings", notice, QMessageBox.Icon.Warning)
     return app.exec()
 
 

@@ -71,22 +71,21 @@ class SceneContext:
             raise SceneError(f"timed out after {self.timeout_s:.0f} s waiting for {what}")
 
     def window(self):
-        """The main window, shown offscreen at a fixed size, with the pair loaded."""
+        """The main window, shown offscreen at a fixed size, with the pair loaded and warm, on the default
+        settings (Auto) a first start has."""
         if self._window is None:
             from app.chat.history import HistoryStore
-            from app.main_window import MainWindow
+            from app.main import open_window
             from app.settings import AppSettings
 
             backend = "hf" if self.pair == "tiny" else "llama.cpp"
-            settings = AppSettings(pair=self.pair, backend=backend, theme=self.theme, strategy="chain", chain_k=4,
-                                   temperature=0.0, max_new_tokens=96 if self.pair == "tiny" else 200)
-            window = MainWindow(settings, HistoryStore(self.data_dir / HISTORY_FILE), persist=False)
-            window.resize(*WINDOW_SIZE)
-            window.show()
+            settings = AppSettings(pair=self.pair, backend=backend, theme=self.theme, temperature=0.0,
+                                   max_new_tokens=96 if self.pair == "tiny" else 200)
             errors: list[str] = []
+            window = open_window(settings, HistoryStore(self.data_dir / HISTORY_FILE), persist=False)
             window.message_shown.connect(lambda title, text: errors.append(f"{title}: {text}"))
-            window.load_models()
-            self.wait_until(lambda: window.backends is not None or bool(errors), "the models to load")
+            window.resize(*WINDOW_SIZE)
+            self.wait_until(lambda: window.session.is_warm or bool(errors), "the models to load and warm up")
             if errors:
                 raise SceneError(errors[0])
             self._window = window
@@ -96,11 +95,10 @@ class SceneContext:
         """Send ``prompt`` in the window and wait for the whole answer."""
         window = self.window()
         results: list = []
-        window.generation_finished.connect(results.append)
+        window.session.answer_finished.connect(lambda message, result: results.append(result))
         if not window.send(prompt):
             raise SceneError("the window did not accept the prompt")
         self.wait_until(lambda: bool(results), "the answer")
-        window.generation_finished.disconnect(results.append)
         if results[0] is None:
             raise SceneError("the answer failed")
 
@@ -112,15 +110,15 @@ def scene_chat(ctx: SceneContext):
 
     window = ctx.window()
     if ctx.pair == "tiny":
-        store = window.store
+        store = window.session.store
         cid = store.create_conversation("Sum a CSV column in chunks")
         store.add_message(cid, Message("user", DEMO_QUESTION))
         store.add_message(cid, Message("assistant", DEMO_ANSWER))
-        window.refresh_conversations()
-        window.open_conversation(cid)
+        window.session.refresh_conversations()
+        window.session.open_conversation(cid)
         ctx.answer("And the same for a gzip-compressed file?")
     else:
-        window.new_chat()
+        window.session.new_chat()
         ctx.answer(LIVE_PROMPT)
     return window
 

@@ -3,21 +3,25 @@ they describe (the model pair to load, the decoding strategy, the sampling param
 """
 from __future__ import annotations
 
-import importlib
-import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
 from PySide6.QtCore import QSettings
 
+from app.theme import THEMES
+from core import paths
+from core.auto import Auto
+from core.backends.llamacpp import MAX_TREE_LEAVES
 from core.drafting import Baseline, Chain, MultiDraft, Tree
+from core.memory import Memory
 from core.models import BACKENDS, PAIRS
+from core.ngram import NGram
 from core.sampling import SamplingParams
 
 REGISTRY_PAIRS = tuple(PAIRS)
 CUSTOM_PAIR = "custom"
-MAX_TREE_NODES = 64
+MAX_TREE_NODES = MAX_TREE_LEAVES   # a static tree of this many nodes has at most this many leaves, so it fits
 
 
 class SettingsError(ValueError):
@@ -25,13 +29,19 @@ class SettingsError(ValueError):
 
 
 def data_dir() -> Path:
-    """The user data folder (history, settings); ``SPECLENS_DATA_DIR`` overrides it, e.g. for tests."""
-    override = os.environ.get("SPECLENS_DATA_DIR")
-    if override:
-        return Path(override)
-    from platformdirs import user_data_dir
+    """The user data folder (history, settings), created if missing; ``SPECLENS_DATA_DIR`` overrides it.
 
-    return Path(user_data_dir("speclens"))
+    Raises SettingsError when it cannot be used (a file in its place, no permission to create it).
+    """
+    folder = paths.data_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingsError(f"the data folder {folder} cannot be used: {exc.strerror or exc}. Set SPECLENS_DATA_DIR "
+                            "to a folder you can write to.") from None
+    if not folder.is_dir():
+        raise SettingsError(f"the data folder {folder} is not a folder. Set SPECLENS_DATA_DIR to a folder.")
+    return folder
 
 
 def available_devices() -> list[str]:
@@ -101,31 +111,15 @@ def _tree(s: "AppSettings") -> Tree:
 
 
 def _sequoia(s: "AppSettings") -> Tree:
-    if hasattr(Tree, "sequoia"):
-        return Tree.sequoia(budget=s.tree_budget, max_depth=s.tree_depth)
-    from core.sequoia import sequoia_parents
-
-    return Tree(sequoia_parents(s.tree_budget, s.tree_depth), name=f"Sequoia({s.tree_budget}, depth {s.tree_depth})")
-
-
-def _ngram(s: "AppSettings"):
-    return importlib.import_module("core.ngram").NGram(k=s.ngram_k)
-
-
-def _auto(s: "AppSettings"):
-    return importlib.import_module("core.planner").Auto()
-
-
-def _importable(module: str, attr: str) -> bool:
-    try:
-        return hasattr(importlib.import_module(module), attr)
-    except ImportError:
-        return False
+    return Tree.sequoia(budget=s.tree_budget, max_depth=s.tree_depth)
 
 
 def strategy_options() -> list[StrategyOption]:
-    """The strategies this installation offers; Sequoia and Auto only when their modules are present."""
-    options = [
+    """The strategies the settings offer, Auto first (the default)."""
+    return [
+        StrategyOption("auto", "Auto (recommended)", lambda s: Auto(),
+                       "Measures this machine once and picks, step by step, what pays: memory drafts (earlier "
+                       "text), the draft model's tree, or plain decoding."),
         StrategyOption("baseline", "Baseline (target alone)", lambda s: Baseline(),
                        "The target model alone, one token per call: the reference speed."),
         StrategyOption("chain", "Chain", lambda s: Chain(s.chain_k),
@@ -134,18 +128,14 @@ def strategy_options() -> list[StrategyOption]:
                        "k independent draft sequences verified together as one tree (SpecTr)."),
         StrategyOption("tree", "Tree (static shape)", _tree,
                        "A fixed tree: children per node at each level, e.g. 2,2,1 (SpecInfer-style)."),
+        StrategyOption("sequoia", "Tree / Sequoia", _sequoia,
+                       "The best tree for a node budget and depth (Sequoia dynamic program)."),
+        StrategyOption("memory", "Memory", lambda s: Memory(s.ngram_k),
+                       "Drafts the continuation of earlier text that matches the latest tokens: this chat, earlier "
+                       "chats and earlier answers (no draft model)."),
+        StrategyOption("ngram", "N-gram lookup", lambda s: NGram(k=s.ngram_k),
+                       "Copies up to k tokens from earlier text when the last tokens match (no draft model)."),
     ]
-    if _importable("core.ngram", "NGram"):
-        options.append(StrategyOption("ngram", "N-gram lookup", _ngram,
-                                      "Copies up to k tokens from earlier text when the last tokens match "
-                                      "(no draft model)."))
-    if hasattr(Tree, "sequoia") or _importable("core.sequoia", "sequoia_parents"):
-        options.append(StrategyOption("sequoia", "Tree / Sequoia", _sequoia,
-                                      "The best tree for a node budget and depth (Sequoia dynamic program)."))
-    if _importable("core.planner", "Auto"):
-        options.append(StrategyOption("auto", "Auto", _auto,
-                                      "Measures this machine and picks what pays, plain decoding included."))
-    return options
 
 
 @dataclass(frozen=True)
@@ -157,7 +147,7 @@ class AppSettings:
     draft_path: str = ""
     backend: str = "llama.cpp"
     device: str = "cpu"
-    strategy: str = "chain"
+    strategy: str = "auto"
     chain_k: int = 4
     multi_k: int = 2
     multi_length: int = 3
@@ -209,15 +199,17 @@ class AppSettings:
 
 def settings_store() -> QSettings:
     """The QSettings file in the data folder (an INI file, so tests and users can find and reset it)."""
-    path = data_dir() / "settings.ini"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return QSettings(str(path), QSettings.Format.IniFormat)
+    return QSettings(str(data_dir() / "settings.ini"), QSettings.Format.IniFormat)
 
 
-def load_settings(**overrides) -> AppSettings:
-    """The saved settings (defaults for anything missing or unreadable), with ``overrides`` applied on top."""
+CHOICES = {"theme": THEMES, "backend": BACKENDS}
+
+
+def read_settings(**overrides) -> tuple[AppSettings, list[str]]:
+    """The saved settings (defaults for anything missing or unusable) with ``overrides`` applied on top, and a
+    notice for every saved value that was not usable."""
     store = settings_store()
-    values = {}
+    values, notices = {}, []
     for f in fields(AppSettings):
         default = f.default
         raw = store.value(f.name)
@@ -225,17 +217,30 @@ def load_settings(**overrides) -> AppSettings:
             continue
         try:
             if isinstance(default, bool):
-                values[f.name] = raw if isinstance(raw, bool) else str(raw).lower() == "true"
+                value = raw if isinstance(raw, bool) else str(raw).lower() == "true"
             else:
-                values[f.name] = type(default)(raw)
-        except (TypeError, ValueError):
-            continue  # a hand-edited or old value: fall back to the default
-    return replace(AppSettings(**values), **{k: v for k, v in overrides.items() if v is not None})
+                value = type(default)(raw)
+            if value not in CHOICES.get(f.name, (value,)):
+                raise ValueError(f"not one of {', '.join(CHOICES[f.name])}")
+            values[f.name] = value
+        except (TypeError, ValueError) as exc:
+            notices.append(f"The saved setting {f.name}={raw!r} in {store.fileName()} is not usable ({exc}); "
+                           f"using {default!r}.")
+    settings = replace(AppSettings(**values), **{k: v for k, v in overrides.items() if v is not None})
+    return settings, notices
+
+
+def load_settings(**overrides) -> AppSettings:
+    """The saved settings, as :func:`read_settings` (without its notices)."""
+    return read_settings(**overrides)[0]
 
 
 def save_settings(settings: AppSettings) -> None:
-    """Persist every field."""
+    """Persist every field; SettingsError when the file cannot be written (a read-only settings.ini)."""
     store = settings_store()
     for key, value in asdict(settings).items():
         store.setValue(key, value)
     store.sync()
+    if store.status() != QSettings.Status.NoError:
+        raise SettingsError(f"could not save the settings to {store.fileName()} (is it read-only?): your changes "
+                            "apply until SpecLens closes")

@@ -1,56 +1,122 @@
-"""Runs the engine off the GUI thread and hands every StepEvent over as a queued Qt signal.
+"""Runs engine work off the GUI thread and hands its output to the views at frame rate.
 
-Payloads are the engine's frozen dataclasses (never live tensors). Cancellation is a threading.Event the engine
-checks between steps, so Stop takes effect within one step.
+A job runs on a QThread and pushes immutable items (StepEvents and other frozen data) into a buffer; the GUI thread
+drains the buffer with a timer at ``FRAME_HZ`` and emits them as one ``frame``. So however fast steps come, the views
+do a bounded amount of work per second, and no item is lost: every frame holds all the items pushed since the last
+one, in order. On a 2-core machine this matters twice over: any CPU the GUI takes is taken from the decode's
+threads, and Python work on the GUI thread holds the GIL the decode's own Python needs between llama.cpp calls.
+
+Cancellation is a threading.Event the job passes to the engine, which checks it between prefill chunks and steps.
 """
 from __future__ import annotations
 
+import logging
 import threading
-import traceback
-from typing import Callable, Sequence
+from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QThread, Signal
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal
+
+from core.backends.base import BackendError
+
+log = logging.getLogger(__name__)
+
+FRAME_HZ = 20
+EXPECTED = (BackendError, ValueError, OSError, MemoryError)
+Push = Callable[[Any], None]
+Job = Callable[[Push, threading.Event], Any]   # job(push, cancel) -> result
 
 
-class EngineWorker(QObject):
-    """One generation: ``run`` on a QThread; ``step``, ``finished`` and ``failed`` reach the GUI thread queued."""
+class _Runner(QObject):
+    """The part that lives in the worker thread."""
 
-    started = Signal(str)       # strategy label
-    step = Signal(object)       # core.events.StepEvent
-    finished = Signal(object)   # core.events.GenerationResult
-    failed = Signal(str)        # a human-readable message; never shown in the token stream
+    done = Signal(object)
+    failed = Signal(str)
 
-    def __init__(self, make_engine: Callable[[], object], prompt_ids: Sequence[int], max_new_tokens: int) -> None:
+    def __init__(self, job: Job, push: Push, cancel: threading.Event) -> None:
         super().__init__()
-        self._make_engine = make_engine
-        self._prompt = list(prompt_ids)
-        self._max_new = max_new_tokens
-        self.cancel_event = threading.Event()
-
-    def cancel(self) -> None:
-        """Ask the engine to stop after the current step; the text so far is kept."""
-        self.cancel_event.set()
+        self._job, self._push, self._cancel = job, push, cancel
 
     def run(self) -> None:
         try:
-            engine = self._make_engine()
-            self.started.emit(engine.strategy.label)
-            for event in engine.stream(self._prompt, self._max_new, cancel=self.cancel_event):
-                self.step.emit(event)
-            self.finished.emit(engine.last_result)
+            self.done.emit(self._job(self._push, self._cancel))
+        except EXPECTED as exc:   # bad input, a model that will not load: the message says it all
+            log.warning("engine job stopped: %s", exc)
+            self.failed.emit(_describe(exc))
         except Exception as exc:  # the GUI must survive any engine failure and show it as a dialog
-            traceback.print_exc()
-            self.failed.emit(f"{type(exc).__name__}: {exc}")
+            log.exception("engine job failed")
+            self.failed.emit(_describe(exc))
 
 
-def start_worker(worker: EngineWorker, parent: QObject | None = None) -> QThread:
-    """Move ``worker`` to a new QThread, start it, and clean both up when the run ends."""
-    thread = QThread(parent)
-    worker.moveToThread(thread)
-    thread.started.connect(worker.run)
-    worker.finished.connect(thread.quit)
-    worker.failed.connect(thread.quit)
-    thread.finished.connect(worker.deleteLater)
-    thread.finished.connect(thread.deleteLater)
-    thread.start()
-    return thread
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "Out of memory: close other programs, use a smaller model pair or a shorter context, and try again."
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class EngineRun(QObject):
+    """One job on its own thread, seen from the GUI thread: ``frame`` (a tuple of new items, at most FRAME_HZ times a
+    second), then ``finished`` (the job's result) or ``failed`` (a message). Nothing is emitted after ``cancel``
+    except the end itself."""
+
+    frame = Signal(tuple)
+    finished = Signal(object)
+    failed = Signal(str)
+
+    def __init__(self, job: Job, parent: QObject | None = None, frame_hz: int = FRAME_HZ) -> None:
+        super().__init__(parent)
+        self.cancel_event = threading.Event()
+        self._lock = threading.Lock()
+        self._items: list = []
+        self._thread = QThread()
+        self._runner = _Runner(job, self._push, self.cancel_event)
+        self._runner.moveToThread(self._thread)
+        self._thread.started.connect(self._runner.run)
+        # queued explicitly: PySide6 may otherwise call a Python slot in the emitting (worker) thread
+        queued = Qt.ConnectionType.QueuedConnection
+        self._runner.done.connect(self._on_done, queued)
+        self._runner.failed.connect(self._on_failed, queued)
+        self._timer = QTimer(self)
+        self._timer.setInterval(max(1, int(1000 / frame_hz)))
+        self._timer.timeout.connect(self._drain)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.isRunning()
+
+    def _push(self, item) -> None:
+        with self._lock:
+            self._items.append(item)
+
+    def start(self) -> None:
+        self._timer.start()
+        self._thread.start()
+
+    def cancel(self) -> None:
+        """Ask the job to stop at its next check (a prefill chunk or a step); what it made so far is kept."""
+        self.cancel_event.set()
+
+    def wait(self, timeout_ms: int = -1) -> bool:
+        """Block until the thread has ended (True) or ``timeout_ms`` passed (False)."""
+        self._thread.quit()
+        return self._thread.wait(timeout_ms) if timeout_ms >= 0 else self._thread.wait()
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        if items:
+            self.frame.emit(tuple(items))
+
+    def _end(self) -> None:
+        self._timer.stop()
+        self._drain()
+        self._thread.quit()
+        self._thread.wait()
+
+    def _on_done(self, result) -> None:
+        self._end()
+        self.finished.emit(result)
+
+    def _on_failed(self, message: str) -> None:
+        self._end()
+        self.failed.emit(message)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from core.backends.base import Backend
-from core.drafting import ModelDrafter
+from core.drafting import DrafterBase, ModelDrafter, StaticStrategy
 from core.sampling import Rng, SamplingParams
 from core.tree import TokenTree
 from core.verify import Verdict
 
 
-class AdaptiveChainDrafter:
+class AdaptiveChainDrafter(DrafterBase):
     """A chain drafter whose length follows the last step's outcome, within ``k_min..k_max``."""
 
     def __init__(self, backend: Backend, k: int, k_min: int, k_max: int, params: SamplingParams, rng: Rng) -> None:
@@ -27,8 +27,8 @@ class AdaptiveChainDrafter:
     def note(self) -> str:
         return f"chain length {self.k}"
 
-    def start(self, prompt: Sequence[int]) -> None:
-        self.model.start(prompt)
+    def start(self, prompt: Sequence[int], cancel=None) -> None:
+        self.model.start(prompt, cancel)
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         return self.model.draft(tokens, min(max_depth, self.k), max_nodes)
@@ -44,7 +44,7 @@ class AdaptiveChainDrafter:
 
 
 @dataclass(frozen=True)
-class AdaptiveChain:
+class AdaptiveChain(StaticStrategy):
     """Chain speculative sampling whose length adapts step by step, starting at ``k``."""
 
     k: int = 4

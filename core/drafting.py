@@ -6,24 +6,30 @@ level with the draft backend's ``forward_tree``, one draft call per level.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
 from core.backends.base import Backend
-from core.sampling import Rng, SamplingParams, logits_to_probs
+from core.events import PlanEvent
+from core.sampling import Rng, SamplingParams, greedy_token, logits_to_probs
 from core.tree import Proposal, TokenTree, depths_of, shape_from_parents
 from core.verify import Verdict
 
 SAMPLING_MODES = ("without_replacement", "iid", "top_k")
+CATCH_UP = 32   # uncached tokens a draft model evaluates in front of its tree; more go through prefill
 
 
 class Drafter(Protocol):
     """Proposes a tree of continuations of ``tokens`` and learns what the target kept."""
 
-    def start(self, prompt: Sequence[int]) -> None:
-        """Prepare for a new generation whose context is ``prompt``."""
+    note: str                           # a sentence for the views: what this drafter did on its last step, and why
+    shape: tuple[int, ...] | None       # the planned tree shape of its last draft, when it follows one
+
+    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
+        """Prepare for a new generation whose context is ``prompt`` (a draft model prefills it, cancellably)."""
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         """A tree continuing ``tokens`` with at most ``max_nodes`` nodes and depth ``max_depth`` (may be empty)."""
@@ -31,9 +37,54 @@ class Drafter(Protocol):
     def feedback(self, tree: TokenTree, verdict: Verdict) -> None:
         """Told which nodes the target accepted, after every verification."""
 
+    def take_plan(self) -> PlanEvent | None:
+        """A plan made or re-made since the last call (Auto), for the views; None otherwise."""
+
+    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        """The generation ended with ``answer`` after ``prompt`` (a drafter with a memory remembers it)."""
+
+
+class DrafterBase:
+    """Defaults of the Drafter protocol for drafters without notes, shapes or plans."""
+
+    note = ""
+    shape: tuple[int, ...] | None = None
+
+    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
+        """Nothing to prepare."""
+
+    def feedback(self, tree: TokenTree, verdict: Verdict) -> None:
+        """Nothing to learn."""
+
+    def take_plan(self) -> PlanEvent | None:
+        return None
+
+    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        """Nothing to remember."""
+
+
+class Strategy(Protocol):
+    """What the engine is configured with: a label, a binding to the models (planning strategies measure them then),
+    and a factory of one drafter per generation (None: plain decoding)."""
+
+    label: str
+
+    def bind(self, target: Backend, draft: Backend | None, sampling: SamplingParams) -> None:
+        """Called once per generation before ``make_drafter``."""
+
+    def make_drafter(self, draft: Backend | None, params: SamplingParams, rng: Rng) -> Drafter | None:
+        """A fresh drafter for one generation."""
+
+
+class StaticStrategy:
+    """The Strategy protocol's ``bind`` for strategies that need no measurement."""
+
+    def bind(self, target: Backend, draft: Backend | None, sampling: SamplingParams) -> None:
+        """Nothing to measure."""
+
 
 def sample_children(
-    probs: torch.Tensor, logits: torch.Tensor, count: int, mode: str, params: SamplingParams, rng: Rng
+    probs: torch.Tensor | None, logits: torch.Tensor, count: int, mode: str, params: SamplingParams, rng: Rng
 ) -> list[tuple[int, Proposal]]:
     """Draw up to ``count`` distinct-or-not children from one parent's draft distribution, with their proposals.
 
@@ -41,6 +92,8 @@ def sample_children(
     from ``probs``; ``without_replacement`` draws successively with earlier draws removed (never more children than
     the support holds, so the distribution of every draw is well defined).
     """
+    if params.greedy and count == 1:
+        return [(greedy_token(logits), Proposal())]
     if params.greedy or mode == "top_k":
         ranked = logits if params.greedy else probs
         support = ranked.shape[-1] if params.greedy else int((probs > 0).sum())
@@ -60,7 +113,7 @@ def sample_children(
     return out
 
 
-class ModelDrafter:
+class ModelDrafter(DrafterBase):
     """Drafts a static tree shape with a draft model, one ``forward_tree`` call per level.
 
     The draft backend's cache follows the accepted tokens: after each step the drafted nodes it evaluated on the
@@ -79,12 +132,13 @@ class ModelDrafter:
         self.params = params
         self.rng = rng
         self.label = label
+        self.shape = tuple(self.parents)
         self._pending = 0
         self._evaluated = 0
 
-    def start(self, prompt: Sequence[int]) -> None:
+    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
         if len(prompt) > 1:
-            self.backend.prefill(list(prompt[:-1]))
+            self.backend.prefill(list(prompt[:-1]), cancel=cancel)
         else:
             self.backend.reset()
 
@@ -93,6 +147,10 @@ class ModelDrafter:
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         committed = len(self.backend.committed)
+        if len(tokens) - committed > CATCH_UP:
+            # steps drafted by someone else (Auto's memory) left this model behind: catch up in prefill chunks
+            self.backend.prefill(list(tokens[:-1]))
+            committed = len(self.backend.committed)
         pending = list(tokens[committed:])
         max_nodes = min(max_nodes, self._room(tokens))
         tree = TokenTree()
@@ -104,7 +162,8 @@ class ModelDrafter:
         work = TokenTree.chain(pending)
         logits = self.backend.forward_tree(work)
         self._evaluated = len(work)
-        row_of = {-1: logits[-1]}  # drafted node (-1 = root) -> its draft logits
+        # drafted node (-1 = root) -> (logits rows, row index): rows are fetched only for nodes that get children
+        row_of = {-1: (logits, len(work) - 1)}
         for depth in range(1, max_depth + 1):
             level = [i for i, d in enumerate(self.depths) if d == depth
                      and (self.parents[i] < 0 or self.parents[i] in drafted)]
@@ -116,8 +175,9 @@ class ModelDrafter:
                 if not slots:
                     break
                 at = drafted.get(parent, -1)
-                row = row_of[at]
-                probs = logits_to_probs(row, self.params)
+                rows, k = row_of[at]
+                row = rows[k]
+                probs = None if self.params.greedy else logits_to_probs(row, self.params)
                 for slot, (tok, proposal) in zip(slots, sample_children(probs, row, len(slots), self.mode,
                                                                           self.params, self.rng)):
                     drafted[slot] = tree.add(tok, at, proposal, self.label)
@@ -126,8 +186,8 @@ class ModelDrafter:
                 break
             work = tree.attached_below(pending)
             new_logits = self.backend.forward_tree(work, start=self._evaluated)
-            for k, row in enumerate(new_logits):
-                row_of[self._evaluated + k - len(pending)] = row
+            for k in range(len(new_logits)):
+                row_of[self._evaluated + k - len(pending)] = (new_logits, k)
             self._evaluated = len(work)
         return tree
 
@@ -141,7 +201,7 @@ class ModelDrafter:
 
 
 @dataclass(frozen=True)
-class Baseline:
+class Baseline(StaticStrategy):
     """The target alone, one token per call."""
 
     @property
@@ -160,7 +220,7 @@ def _model_drafter(draft: Backend | None, parents: Sequence[int], mode: str, par
 
 
 @dataclass(frozen=True)
-class Chain:
+class Chain(StaticStrategy):
     """Speculative sampling with a chain of ``k`` drafted tokens (Leviathan et al.; Chen et al.)."""
 
     k: int = 4
@@ -182,7 +242,7 @@ class Chain:
 
 
 @dataclass(frozen=True)
-class MultiDraft:
+class MultiDraft(StaticStrategy):
     """SpecTr-style: ``k`` independent draft sequences of ``length`` tokens from the root, verified as one tree.
 
     At temperature 0 the sequences start from the draft's top-``k`` tokens (independent greedy drafts would coincide).
@@ -213,7 +273,7 @@ class MultiDraft:
 
 
 @dataclass(frozen=True)
-class Tree:
+class Tree(StaticStrategy):
     """Any static tree shape, given by parent indices (-1 = child of the committed token), drafted by the draft model.
 
     ``sampling``: ``without_replacement`` (Sequoia), ``iid`` (SpecInfer), ``top_k`` (deterministic, q one-hot).

@@ -1,11 +1,14 @@
-"""The data every face receives: one StepEvent per target call, and the result of a whole generation.
+"""The data every face receives: one StepEvent per target call, a PlanEvent when Auto plans, and the result of a whole
+generation.
 
 All frozen dataclasses of plain Python values (tuples, floats, strings): safe to hand across threads and to keep.
+A view draws from these alone; it never reads a live strategy, drafter or plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Sequence
 
 
 class Fate(str, Enum):
@@ -30,7 +33,7 @@ class NodeInfo:
 
     index: int
     token: int
-    text: str
+    text: str                 # as a reader sees it: "" for a control token
     parent: int               # -1: child of the committed token
     depth: int                # 1 for the root's children
     q: float                  # draft probability of the token under the distribution it was drawn from
@@ -38,6 +41,7 @@ class NodeInfo:
     fate: Fate
     accept_prob: float | None  # min(1, R[x]/D[x]) when it was tested (1.0 or 0.0 for greedy)
     source: str = ""          # which drafter proposed it
+    special: str = ""         # the control token's name (e.g. "<|im_end|>"); views mark it, text stays empty
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,33 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     time_to_first_token: float | None = None
     target_calls: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
+    draft_seconds: float = 0.0      # drafting, model calls included
+    verify_seconds: float = 0.0     # the target's forward, verification and both commits
+    target_seconds: float = 0.0     # inside the target's forward call only
     drafted: int = 0
     accepted: int = 0
     accepted_by_depth: tuple[int, ...] = ()   # index d-1: accepted nodes at depth d
     attempted_by_depth: tuple[int, ...] = ()  # index d-1: steps whose verification reached depth d
+
+    def after_step(self, *, now: float, emitted: int, drafted: int, accepted: Sequence[int], reached: Sequence[int],
+                   draft_seconds: float, verify_seconds: float, target_seconds: float) -> "GenerationStats":
+        """The totals after one more step; ``accepted`` and ``reached`` are the depths of the accepted nodes and the
+        distinct depths verification tested."""
+        acc, att = list(self.accepted_by_depth), list(self.attempted_by_depth)
+        deepest = max([0, *accepted, *reached])
+        acc += [0] * (deepest - len(acc))
+        att += [0] * (deepest - len(att))
+        for d in accepted:
+            acc[d - 1] += 1
+        for d in reached:
+            att[d - 1] += 1
+        return replace(
+            self, new_tokens=self.new_tokens + emitted, seconds=now,
+            time_to_first_token=self.time_to_first_token if self.time_to_first_token is not None else now,
+            target_calls=self.target_calls + 1, draft_seconds=self.draft_seconds + draft_seconds,
+            verify_seconds=self.verify_seconds + verify_seconds, target_seconds=self.target_seconds + target_seconds,
+            drafted=self.drafted + drafted, accepted=self.accepted + len(accepted),
+            accepted_by_depth=tuple(acc), attempted_by_depth=tuple(att))
 
     @property
     def tokens_per_second(self) -> float:
@@ -80,6 +105,11 @@ class GenerationStats:
         return self.accepted / self.target_calls if self.target_calls else 0.0
 
     @property
+    def overhead_seconds(self) -> float:
+        """Decode time spent outside the target's forward calls and drafting: the engine's own Python."""
+        return max(0.0, self.seconds - self.prefill_seconds - self.target_seconds - self.draft_seconds)
+
+    @property
     def rejected(self) -> int:
         return self.drafted - self.accepted
 
@@ -87,6 +117,27 @@ class GenerationStats:
     def acceptance_by_depth(self) -> tuple[float, ...]:
         """Acceptance rate at each depth: accepted there / verification reached there."""
         return tuple(a / t if t else 0.0 for a, t in zip(self.accepted_by_depth, self.attempted_by_depth))
+
+
+@dataclass(frozen=True)
+class PlanEvent:
+    """What a planner measured and chose, as the planner view draws it. Made when Auto plans or re-plans."""
+
+    acceptance: tuple[float, ...]                 # a_i: the rank-i child is the accepted one (empty: no draft model)
+    best_value: tuple[tuple[float, ...], ...]     # [d][n] = c(n, d), tokens per call; n = 0 unused
+    verify_seconds: dict[int, float]              # measured target forward of n tokens
+    plan_budget: int                              # tokens per target call, root included (1: no tree)
+    plan_depth: int
+    plan_parents: tuple[int, ...]
+    predicted_tokens: float                       # c(n, d) of the plan
+    predicted_speedup: float
+    draft_seconds: dict[int, float] | None = None
+    realised_speedup: float | None = None         # measured, against a baseline run of the same prompt
+    note: str = ""
+
+    def with_realised(self, speedup: float) -> "PlanEvent":
+        """The same plan with the speedup a race measured."""
+        return replace(self, realised_speedup=speedup)
 
 
 @dataclass(frozen=True)
@@ -98,8 +149,10 @@ class StepEvent:
     accepted_path: tuple[int, ...]
     tokens: tuple[int, ...]             # emitted this step, including the correction or bonus token
     origins: tuple[Origin, ...]
-    token_texts: tuple[str, ...]
+    token_texts: tuple[str, ...]        # each emitted token's text ("" for a control token)
+    specials: tuple[str, ...]           # each emitted control token's name (e.g. "<|im_end|>"), "" for text tokens
     text: str                           # text added to the answer this step (decoded incrementally)
+    spans: tuple[tuple[int, int], ...]  # each emitted token's characters in the answer's text (start, end)
     margins: tuple[float | None, ...]   # greedy: the target's top-2 logit margin for each emitted token
     draft_seconds: float
     verify_seconds: float
@@ -107,6 +160,10 @@ class StepEvent:
     stats: GenerationStats
     strategy: str = ""
     note: str = ""                      # e.g. why Auto chose plain decoding
+    greedy: bool = False
+    shape: tuple[int, ...] | None = None  # the planned tree shape this step drafted from (drawn faintly)
+    root_text: str = ""                 # text of the token the tree hangs from (the last one committed)
+    plan: PlanEvent | None = None       # set on the step where a plan was made or re-made
 
 
 class StopReason(str, Enum):

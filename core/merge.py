@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from core.backends.base import Backend
+from core.drafting import DrafterBase, StaticStrategy
 from core.sampling import Rng, SamplingParams
 from core.tree import TokenTree
 from core.verify import Verdict
@@ -56,7 +57,7 @@ def verdict_for(verdict: Verdict, node_map: Sequence[int]) -> Verdict:
                    target_p={back[m]: p for m, p in verdict.target_p.items() if m in back})
 
 
-class MergedDrafter:
+class MergedDrafter(DrafterBase):
     """Runs several drafters on the same context and verifies their trees as one."""
 
     def __init__(self, drafters: Sequence) -> None:
@@ -66,9 +67,13 @@ class MergedDrafter:
         self._trees: list[TokenTree] = []
         self._maps: list[list[int]] = []
 
-    def start(self, prompt: Sequence[int]) -> None:
+    def start(self, prompt: Sequence[int], cancel=None) -> None:
         for d in self.drafters:
-            d.start(prompt)
+            d.start(prompt, cancel)
+
+    @property
+    def note(self) -> str:
+        return "; ".join(d.note for d in self.drafters if d.note)
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         self._trees = [d.draft(tokens, max_depth, max_nodes) for d in self.drafters]
@@ -86,7 +91,7 @@ class MergedDrafter:
 
 
 @dataclass(frozen=True)
-class Merge:
+class Merge(StaticStrategy):
     """One tree from several strategies' drafters, e.g. ``Merge((Tree.sequoia(16, 4), NGram(4)))``."""
 
     parts: tuple

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from core.assembly import Chunk, ChunkedFile, Progress, assemble, cache_dir
-from core.backends.base import Backend, ModelLoadError
+from core.backends.base import Backend, IncompatibleModelsError, ModelLoadError, check_pair
 from core.backends.llamacpp import check_gguf_file
-from core.engine import IncompatibleModelsError, check_pair
 
 __all__ = ["BACKENDS", "PAIRS", "ModelLoadError", "PairSpec", "load_custom_pair", "load_pair", "load_backend"]
 

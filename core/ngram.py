@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from core.backends.base import Backend
+from core.drafting import DrafterBase, StaticStrategy
 from core.sampling import Rng, SamplingParams
 from core.tree import TokenTree
-from core.verify import Verdict
 
 SOURCE = "ngram"
 
@@ -53,7 +53,7 @@ def lookup(tokens: Sequence[int], max_ngram: int = 4, min_ngram: int = 1, max_le
     return Lookup(0, ())
 
 
-class NGramDrafter:
+class NGramDrafter(DrafterBase):
     """Drafts the lookup continuation as a chain when the suffix match is at least ``min_match`` tokens long."""
 
     label = "ngram"
@@ -63,21 +63,15 @@ class NGramDrafter:
         self.min_match = min_match
         self.max_ngram = max_ngram
 
-    def start(self, prompt: Sequence[int]) -> None:
-        """Nothing to prepare: the lookup reads the whole context every step."""
-
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         found = lookup(tokens, self.max_ngram, max_len=self.k)
         if found.match < self.min_match:
             return TokenTree()
         return TokenTree.chain(found.continuation[: max(0, min(self.k, max_depth, max_nodes))], SOURCE)
 
-    def feedback(self, tree: TokenTree, verdict: Verdict) -> None:
-        """Stateless: the next lookup sees the accepted tokens in the context."""
-
 
 @dataclass(frozen=True)
-class NGram:
+class NGram(StaticStrategy):
     """Prompt-lookup decoding: up to ``k`` tokens copied from earlier text when ``min_match`` tokens match."""
 
     k: int = 4

@@ -9,6 +9,7 @@ import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 MAX_TEMPERATURE = 100.0
@@ -46,15 +47,25 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def _as_numpy(logits: torch.Tensor) -> np.ndarray:
+    # numpy's argmax and max are ~20x faster than torch's on one 150k-entry row (measured on the 2-core CPU)
+    if not isinstance(logits, torch.Tensor):
+        return np.asarray(logits)
+    logits = logits.detach().to("cpu")
+    return (logits if logits.dtype in (torch.float32, torch.float64) else logits.float()).numpy()
+
+
 def greedy_token(logits: torch.Tensor) -> int:
     """The argmax of one row of logits; ties go to the lowest id, identically in every mode."""
-    return int(torch.argmax(logits).item())
+    return int(_as_numpy(logits).argmax())
 
 
 def top2_margin(logits: torch.Tensor) -> float:
     """Gap between the two largest logits: how close a greedy choice was to a tie."""
-    top = torch.topk(logits.double(), 2).values
-    return float(top[0] - top[1])
+    x = _as_numpy(logits)
+    best = int(x.argmax())
+    second = max(x[:best].max(initial=-np.inf), x[best + 1:].max(initial=-np.inf))
+    return float(x[best]) - float(second)
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -76,14 +87,35 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is still short.
-        keep_sorted = before < params.top_p
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        keep = nucleus_mask(probs, params.top_p) if probs.dim() == 1 else torch.stack(
+            [nucleus_mask(row, params.top_p) for row in probs])
         probs = torch.where(keep, probs, torch.zeros_like(probs))
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p's support: the smallest prefix of tokens, by falling probability, whose mass reaches ``top_p``.
+
+    A token stays when the mass before it (in that order, ties broken towards the lower id as a stable sort would)
+    is still short of ``top_p``. A nucleus is usually a few dozen tokens, so the largest ``k`` are looked at first
+    (``k`` doubling until the mass is reached) instead of sorting all 150k.
+    """
+    vocab = probs.shape[-1]
+    k = min(64, vocab)
+    while True:
+        values = torch.topk(probs, k).values
+        before = torch.cumsum(values, 0) - values
+        kept = int((before < top_p).sum())
+        if kept < k or k == vocab:
+            break
+        k = min(2 * k, vocab)
+    cut = values[kept - 1]
+    ties = int((values[:kept] == cut).sum())
+    keep = probs > cut
+    equal = torch.nonzero(probs == cut).flatten()[:ties]
+    keep[equal] = True
+    return keep
 
 
 class Rng:
@@ -102,6 +134,14 @@ class Rng:
         return float(torch.rand((), generator=self._gen, dtype=torch.float64)) < prob
 
     def sample(self, probs: torch.Tensor) -> int:
-        """One token id drawn from a probability vector (need not be normalised, must have positive mass)."""
-        p = probs.detach().to("cpu", torch.float64)
-        return int(torch.multinomial(p, 1, generator=self._gen).item())
+        """One token id drawn from a probability vector (need not be normalised, must have positive mass).
+
+        Inverse CDF over float64 cumulative sums: exact up to rounding, and 20x faster than torch.multinomial on a
+        150k vocabulary. A token of probability 0 is never drawn (its cumulative sum equals its predecessor's).
+        """
+        cdf = torch.cumsum(probs.detach().to("cpu", torch.float64).flatten(), 0)
+        u = float(torch.rand((), generator=self._gen, dtype=torch.float64)) * float(cdf[-1])
+        token = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True))
+        if token >= len(cdf):  # u rounded up onto the total: the last token that has any mass
+            token = int(torch.nonzero(torch.diff(cdf, prepend=cdf.new_zeros(1))).max())
+        return token

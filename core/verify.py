@@ -87,3 +87,32 @@ def verify_tree(
         u = next_node
         if tree.tokens[u] in eos_ids:
             return Verdict(tuple(accepted), None, False, accept_probs, target_p)
+
+
+def verify_greedy(tree: TokenTree, target_argmax: Callable[[int], int], eos_ids: Collection[int] = ()) -> Verdict:
+    """Rule 3 when the target's distribution is one-hot at its argmax (temperature 0), without building it.
+
+    Then ``R[x] / D[x]`` is 0 for every child but the argmax (which any drafter that could draw it accepts), and a
+    rejection leaves ``R`` one-hot: follow the child whose token is ``target_argmax(u)``, else emit that argmax.
+    The output equals :func:`verify_tree`'s with a one-hot target (a test checks it), at the cost of one argmax per
+    node reached instead of several vocabulary-sized vectors.
+    """
+    u = -1
+    accepted: list[int] = []
+    tested: dict[int, float] = {}
+    while True:
+        best = target_argmax(u)
+        children = tree.children(u)
+        next_node = None
+        for child in children:
+            hit = tree.tokens[child] == best
+            tested[child] = 1.0 if hit else 0.0
+            if hit:
+                next_node = child
+                break
+        if next_node is None:
+            return Verdict(tuple(accepted), best, bool(accepted) and not children, tested)
+        accepted.append(next_node)
+        u = next_node
+        if tree.tokens[u] in eos_ids:
+            return Verdict(tuple(accepted), None, False, tested)

@@ -19,6 +19,13 @@ torch.set_num_threads(1)
 GENERATION_TIMEOUT_MS = 60_000
 
 
+@pytest.fixture(autouse=True)
+def private_caches(tmp_path, monkeypatch):
+    """Plans and the memory of earlier texts in folders of the test's own: never the user's."""
+    monkeypatch.setattr("core.auto.cache.cache_dir", lambda: tmp_path / "plans")
+    monkeypatch.setenv("SPECLENS_MEMORY_DIR", str(tmp_path / "memory"))
+
+
 @pytest.fixture
 def data_dir(tmp_path, monkeypatch):
     """A fresh SPECLENS_DATA_DIR (history and settings) for one test."""
@@ -37,14 +44,11 @@ def tiny_backends():
 
 @pytest.fixture
 def make_window(qtbot, data_dir, tiny_backends):
-    """``make_window(load=None, **settings)``: the real MainWindow on the tiny pair, shown offscreen, models loaded.
-
-    ``load`` defaults to handing over the session's tiny pair; pass ``app.chat.loader.load_backends`` to go through
-    core.models. The window is closed (cancel + wait) at teardown by qtbot.
-    """
+    """``make_window(load=None, wait=True, **settings)``: the real MainWindow over a ChatSession on the tiny pair,
+    shown offscreen, models loaded and warm. ``load`` defaults to handing over the session's tiny pair; pass
+    ``app.chat.loader.load_backends`` to go through core.models. Closed (cancel + wait) at teardown by qtbot."""
     from app.chat.history import HistoryStore
-    from app.main import HISTORY_FILE, create_app
-    from app.main_window import MainWindow
+    from app.main import HISTORY_FILE, create_app, open_window
     from app.settings import AppSettings
 
     create_app()
@@ -52,13 +56,11 @@ def make_window(qtbot, data_dir, tiny_backends):
     def make(load=None, wait=True, **overrides):
         values = dict(pair="tiny", backend="hf", strategy="chain", chain_k=4, temperature=0.0, max_new_tokens=40)
         values.update(overrides)
-        window = MainWindow(AppSettings(**values), HistoryStore(data_dir / HISTORY_FILE),
-                            load=load or (lambda choice, progress: tiny_backends))
+        window = open_window(AppSettings(**values), HistoryStore(data_dir / HISTORY_FILE),
+                             load=load or (lambda choice, progress: tiny_backends))
         qtbot.addWidget(window)
-        window.show()
         if wait:
-            with qtbot.waitSignal(window.models_loaded, timeout=GENERATION_TIMEOUT_MS):
-                window.load_models()
+            qtbot.waitUntil(lambda: window.session.is_warm, timeout=GENERATION_TIMEOUT_MS)
         return window
 
     return make
@@ -69,9 +71,9 @@ def ask(qtbot):
     """``ask(window, text)``: send ``text`` and return the GenerationResult of the whole streamed answer."""
 
     def run(window, text):
-        with qtbot.waitSignal(window.generation_finished, timeout=GENERATION_TIMEOUT_MS) as blocker:
+        with qtbot.waitSignal(window.session.answer_finished, timeout=GENERATION_TIMEOUT_MS) as blocker:
             assert window.send(text)
-        assert blocker.args[0] is not None, "the generation failed"
-        return blocker.args[0]
+        assert blocker.args[1] is not None, "the generation failed"
+        return blocker.args[1]
 
     return run

@@ -68,7 +68,10 @@ class TableBackend:
     def logits_for(self, ctx: Sequence[int]) -> torch.Tensor:
         return torch.log(self.table(tuple(ctx)))
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+    def special_name(self, token: int) -> str | None:
+        return None
+
+    def prefill(self, ids: Sequence[int], cancel=None, progress=None) -> torch.Tensor:
         self.reset()
         self._committed = [int(t) for t in ids]
         return self.logits_for(self._committed)

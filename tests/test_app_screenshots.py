@@ -47,13 +47,13 @@ def test_window_states_render(make_window, ask, qtbot, shots_dir):
     window = make_window(max_new_tokens=3000)
     window.resize(1440, 900)
     window.grab().save(str(shots_dir / "state_empty.png"))
-    with qtbot.waitSignal(window.generation_finished, timeout=60_000):
+    with qtbot.waitSignal(window.session.answer_finished, timeout=60_000):
         assert window.send("Write a haiku about speculative decoding")
-        qtbot.waitUntil(lambda: len(window.conv.messages[-1].content) > 60, timeout=60_000)
+        qtbot.waitUntil(lambda: len(window.session.conv.messages[-1].content) > 60, timeout=60_000)
         window.grab().save(str(shots_dir / "state_streaming.png"))
-        window.stop()
+        window.session.stop()
     window.grab().save(str(shots_dir / "state_stopped.png"))
-    window.begin_edit(window.conv.messages[0])
+    window.begin_edit(0)
     window.grab().save(str(shots_dir / "state_editing.png"))
     qtbot.keyClick(window, Qt.Key.Key_Escape)
     window.apply_settings(replace(window.settings, theme="dark"))
@@ -77,7 +77,7 @@ def test_speclens_without_arguments_opens_the_window(qapp, data_dir):
 
     def close_when_ready():
         windows = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]
-        if windows and windows[0].backends is not None:
+        if windows and windows[0].session.is_warm:
             seen.append(windows[0].settings)
             windows[0].close()
         else:

@@ -45,7 +45,10 @@ def test_bad_tree_shape_is_shown(dialog):
     assert dialog.result_settings is None and "2,x" in dialog.error_label.text()
     dialog.tree_branching.setText("8,8")
     dialog.accept()
-    assert dialog.result_settings is None and "more than 64 nodes" in dialog.error_label.text()
+    assert dialog.result_settings is None and "more than 63 nodes" in dialog.error_label.text()
+    dialog.tree_branching.setText("63")      # 63 leaves fit the llama.cpp backend's sequences; 64 would not
+    dialog.accept()
+    assert dialog.result_settings is not None
 
 
 def test_custom_pair_needs_two_paths(dialog):
@@ -56,10 +59,11 @@ def test_custom_pair_needs_two_paths(dialog):
     assert dialog.result_settings is None and "both a target and a draft" in dialog.error_label.text()
 
 
-def test_strategy_options_include_the_planner_and_sequoia_when_present():
+def test_strategy_options_offer_auto_first():
     keys = [o.key for o in strategy_options()]
-    assert keys[:4] == ["baseline", "chain", "multidraft", "tree"]
-    assert "sequoia" in keys and "auto" in keys  # core.sequoia and core.planner are part of this tree
+    assert keys[:5] == ["auto", "baseline", "chain", "multidraft", "tree"]
+    assert {"sequoia", "memory", "ngram"} <= set(keys)
+    assert AppSettings().strategy == "auto"
     settings = AppSettings(strategy="sequoia", tree_budget=8, tree_depth=3)
     tree = settings.build_strategy()
     assert isinstance(tree, Tree) and len(tree.parents) == 7  # a budget of 8 counts the committed root
@@ -90,3 +94,37 @@ def test_sampling_errors_come_from_sampling_params():
     with pytest.raises(SamplingError):
         AppSettings(temperature=-1.0).sampling()
     assert AppSettings(seed=-1).sampling().seed is None
+
+
+def test_unusable_saved_values_fall_back_with_a_notice(data_dir):
+    from app.main import create_app
+    from app.settings import read_settings
+
+    create_app()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "settings.ini").write_text("[General]\ntheme=purple\nchain_k=lots\nstrategy=chain\n")
+    settings, notices = read_settings()
+    assert settings.theme == "light" and settings.chain_k == 4 and settings.strategy == "chain"
+    assert len(notices) == 2 and any("theme" in n and "purple" in n for n in notices)
+
+
+def test_an_unusable_data_folder_is_a_clear_error(tmp_path, monkeypatch):
+    from app.settings import data_dir
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPECLENS_DATA_DIR", str(blocker))
+    with pytest.raises(SettingsError, match="SPECLENS_DATA_DIR"):
+        data_dir()
+    monkeypatch.setenv("SPECLENS_DATA_DIR", str(blocker / "below"))
+    with pytest.raises(SettingsError, match="cannot be used"):
+        data_dir()
+
+
+def test_settings_that_cannot_be_saved_say_so(data_dir):
+    from app.main import create_app
+
+    create_app()
+    (data_dir / "settings.ini").mkdir(parents=True)   # what QSettings cannot write over, even as root
+    with pytest.raises(SettingsError, match="could not save the settings"):
+        save_settings(AppSettings(theme="dark"))

@@ -1,13 +1,17 @@
-"""`speclens bench` on the tiny pair: the JSON's exact field names, the summary's arithmetic, bad input."""
+"""`speclens bench` on the tiny pair: the JSON's field names, alternation and repeats, the summary's arithmetic,
+memory isolation, the window surface, follow-up prompt sets, bad input found before the run."""
 from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
+import core.auto.calibrate as calibrate
 import core.bench as bench
-import core.planner as planner
+from core.bench.prompts import read_prompts
+from core.bench.report import ratios
 
 PROMPTS = [{"id": "p1", "prompt": "Say hi."}, {"id": "p2", "prompt": "abc abc abc abc abc"}]
 
@@ -20,44 +24,99 @@ def prompt_file(tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(planner, "cache_dir", lambda: tmp_path / "plans")
-    monkeypatch.setattr(planner, "CALIBRATION_TOKENS", 8)
+def short_calibration(monkeypatch):
+    monkeypatch.setattr(calibrate, "CALIBRATION_TOKENS", 8)
 
 
 def test_bench_writes_json_and_markdown(tmp_path, prompt_file, capsys) -> None:
     out = tmp_path / "out" / "bench.json"
-    modes = "baseline,chain:2,tree:4:2,ngram,auto"
+    modes = "baseline,chain:2,tree:4:2,ngram,memory,auto"
     assert bench.main(["--pair", "tiny", "--modes", modes, "--prompts", str(prompt_file), "--max-new-tokens", "6",
-                       "--json", str(out)]) == 0
+                       "--repeat", "2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report) >= {"runs", "summary", "meta", "modes"}
-    assert len(report["runs"]) == 5 * len(PROMPTS)
+    n_modes = len(modes.split(","))
+    assert len(report["runs"]) == n_modes * len(PROMPTS) * 2
     for run in report["runs"]:
-        assert {"mode", "prompt_id", "new_tokens", "seconds", "tokens_per_s", "target_calls", "mean_accepted",
-                "acceptance_by_depth"} <= set(run)
+        assert {"mode", "prompt_id", "repeat", "surface", "new_tokens", "seconds", "tokens_per_s",
+                "decode_tokens_per_s", "time_to_first_token", "target_calls", "mean_accepted",
+                "acceptance_by_depth", "python_ms_per_step"} <= set(run)
         assert run["tokens_per_s"] == pytest.approx(run["new_tokens"] / run["seconds"])
         if run["mode"] != "baseline":
             assert run["greedy_vs_baseline"].startswith("identical")   # float64 tiny models: exact
-    assert {r["prompt_id"] for r in report["runs"]} == {"p1", "p2"}
     # modes alternate prompt by prompt, and the order rotates
-    first = [r["mode"] for r in report["runs"][:5]]
-    second = [r["mode"] for r in report["runs"][5:]]
+    first = [r["mode"] for r in report["runs"][:n_modes]]
+    second = [r["mode"] for r in report["runs"][n_modes:2 * n_modes]]
     assert sorted(first) == sorted(second) and first != second
     summary = report["summary"]
     assert set(summary) == set(modes.split(","))
     assert summary["baseline"]["speedup"] == pytest.approx(1.0)
-    base = {r["prompt_id"]: r["tokens_per_s"] for r in report["runs"] if r["mode"] == "baseline"}
-    chain = {r["prompt_id"]: r["tokens_per_s"] for r in report["runs"] if r["mode"] == "chain:2"}
-    expected = math.sqrt(chain["p1"] / base["p1"] * chain["p2"] / base["p2"])
+    # a prompt's ratio is the median over repeats of the ratio within each repeat; the summary their geomean
+    per_prompt = ratios(report["runs"], "chain:2", "baseline")
+    assert sorted(per_prompt) == [("set", "p1"), ("set", "p2")] and all(len(v) == 2 for v in per_prompt.values())
+    speeds = {(r["mode"], r["prompt_id"], r["repeat"]): r["decode_tokens_per_s"] for r in report["runs"]}
+    expected = math.sqrt(math.prod(statistics.median(speeds[("chain:2", p, k)] / speeds[("baseline", p, k)]
+                                                     for k in (0, 1)) for p in ("p1", "p2")))
     assert summary["chain:2"]["speedup"] == pytest.approx(expected)
-    assert "predicted_speedup" in summary["auto"]
+    assert len(summary["chain:2"]["repeat_geomeans"]) == 2 and summary["chain:2"]["spread"] >= 0
+    assert "predicted_speedup" in summary["auto"] and "python_ms_per_step" in summary["auto"]
     table = out.with_suffix(".md").read_text()
-    assert "geomean speedup" in table and "| set | p1 |" in table
+    assert "geomean / baseline" in table and "| set | p1 |" in table and "spread of one repeat" in table
     assert table.strip() in capsys.readouterr().out
 
 
-def test_bench_names_bad_input(tmp_path, prompt_file, capsys) -> None:
+def test_no_run_learns_from_another(tmp_path, capsys) -> None:
+    # the same prompt twice: had the first answer been remembered, the second would draft it back from memory
+    path = tmp_path / "twice.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": "Tell me about cats."}) + "\n"
+                    + json.dumps({"id": "b", "prompt": "Tell me about cats."}) + "\n")
+    out = tmp_path / "b.json"
+    assert bench.main(["--pair", "tiny", "--modes", "memory", "--prompts", str(path), "--max-new-tokens", "12",
+                       "--json", str(out)]) == 0
+    runs = {r["prompt_id"]: r for r in json.loads(out.read_text())["runs"] if r["mode"] == "memory"}
+    assert runs["a"]["target_calls"] == runs["b"]["target_calls"]
+    assert runs["a"]["accepted"] == runs["b"]["accepted"]
+
+
+def test_regeneration_prompts_draft_their_earlier_answer(tmp_path, capsys) -> None:
+    path = tmp_path / "regen.jsonl"
+    path.write_text(json.dumps({"id": "r", "prompt": "Tell me about cats.", "regenerate": True}) + "\n")
+    out = tmp_path / "r.json"
+    assert bench.main(["--pair", "tiny", "--modes", "memory", "--prompts", str(path), "--max-new-tokens", "24",
+                       "--json", str(out)]) == 0
+    runs = {r["mode"]: r for r in json.loads(out.read_text())["runs"]}
+    assert runs["memory"]["accepted"] >= runs["memory"]["new_tokens"] // 2
+    assert runs["memory"]["greedy_vs_baseline"].startswith("identical")
+    assert "remembered an earlier answer" in capsys.readouterr().err
+
+
+def test_follow_up_sets_send_the_whole_conversation(tmp_path) -> None:
+    path = tmp_path / "follow.jsonl"
+    path.write_text(json.dumps({"id": "f", "messages": [
+        {"role": "user", "content": "Write hi."}, {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "Now twice."}]}) + "\n")
+    rows = read_prompts(path)
+    assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant", "user"]
+    assert bench.main(["--pair", "tiny", "--modes", "baseline", "--prompts", str(path), "--max-new-tokens", "4"]) == 0
+
+
+def test_the_window_surface_is_measured_beside_the_engine(tmp_path, prompt_file, capsys) -> None:
+    from app.cli import main as speclens
+
+    out = tmp_path / "w.json"
+    assert speclens(["bench", "--pair", "tiny", "--modes", "baseline,chain:2", "--prompts", str(prompt_file),
+                     "--max-new-tokens", "6", "--surface", "window", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    surfaces = {(r["mode"], r["prompt_id"]): set() for r in report["runs"]}
+    for r in report["runs"]:
+        surfaces[(r["mode"], r["prompt_id"])].add(r["surface"])
+    assert all(s == {"engine", "window"} for s in surfaces.values())
+    for mode in ("baseline", "chain:2"):
+        assert report["summary"][mode]["window_over_engine"] > 0
+    assert "window / engine" in out.with_suffix(".md").read_text()
+
+
+def test_bench_names_bad_input_before_running(tmp_path, prompt_file, capsys) -> None:
     assert bench.main(["--pair", "tiny", "--modes", "baseline,warp", "--prompts", str(prompt_file)]) == 2
     assert "unknown mode 'warp'" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
@@ -68,15 +127,29 @@ def test_bench_names_bad_input(tmp_path, prompt_file, capsys) -> None:
     assert "does not exist" in capsys.readouterr().err
     assert bench.main(["--pair", "tiny", "--modes", "chain:x"]) == 2
     assert "integers" in capsys.readouterr().err
+    assert bench.main(["--pair", "tiny", "--modes", "tree:5000:5000"]) == 2          # would take hours: refused
+    assert "budget in 2..64" in capsys.readouterr().err
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")
+    assert bench.main(["--pair", "tiny", "--prompts", str(prompt_file), "--json", str(blocked / "out.json")]) == 2
+    assert "cannot write the report" in capsys.readouterr().err
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(json.dumps({"id": "h", "prompt": "word " * 5000}) + "\n")
+    assert bench.main(["--pair", "tiny", "--prompts", str(huge), "--max-new-tokens", "4"]) == 2
+    assert "does not fit in the context" in capsys.readouterr().err
+    assert bench.main(["--pair", "tiny", "--modes", "native"]) == 2   # native needs llama.cpp
+    assert "llama.cpp" in capsys.readouterr().err
 
 
 def test_bundled_prompt_sets() -> None:
     for name in bench.DEFAULT_PROMPTS:
         rows = bench.read_prompts(bench.PROMPT_DIR / name)
-        assert 4 <= len(rows) <= 6
+        assert 4 <= len(rows) <= 10
         assert len({r["id"] for r in rows}) == len(rows)
+    follow = bench.read_prompts(bench.PROMPT_DIR / "follow_ups.jsonl")
+    assert any(r["regenerate"] for r in follow) and any(len(r["messages"]) >= 3 for r in follow)
 
 
 def test_geomean() -> None:
-    assert bench.geomean([2.0, 0.5]) == pytest.approx(1.0)
-    assert bench.geomean([4.0]) == pytest.approx(4.0)
+    assert bench.geomean([1.0, 4.0]) == pytest.approx(2.0)
+    assert bench.geomean([]) == 0.0

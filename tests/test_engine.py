@@ -6,10 +6,12 @@ import sys
 import threading
 
 import pytest
+import torch
 
 from core.backends.base import ContextLengthError
 from core.drafting import Baseline, Chain, Tree
-from core.engine import EmptyPromptError, IncompatibleModelsError, SpeculativeEngine
+from core.backends.base import IncompatibleModelsError
+from core.engine import EmptyPromptError, SpeculativeEngine
 from core.events import Fate, Origin, StopReason
 from core.sampling import SamplingError, SamplingParams
 from core.tiny import tiny_pair
@@ -24,7 +26,7 @@ def chat_pair():
 
 def test_events_describe_each_step_consistently(chat_pair) -> None:
     target, draft = chat_pair
-    engine = SpeculativeEngine(target, draft, Tree((-1, -1, 0, 0, 1, 2)), SamplingParams(temperature=0.8, seed=4))
+    engine = SpeculativeEngine(target, draft, Tree((-1, -1, 0, 0, 1, 2)), SamplingParams(temperature=0.8, seed=5))
     prompt = engine.chat_ids([{"role": "user", "content": "Write a haiku about trees."}])
     events = list(engine.stream(prompt, max_new_tokens=40))
     result = engine.last_result
@@ -43,6 +45,12 @@ def test_events_describe_each_step_consistently(chat_pair) -> None:
                 assert n.depth == e.nodes[n.parent].depth + 1
         if e.accepted_path and len(e.tokens) > len(e.accepted_path):
             assert e.origins[-1] in (Origin.BONUS, Origin.CORRECTION)
+    # the emitted tokens' character spans tile the answer's text, in order
+    spans = [span for e in events for span in e.spans]
+    assert len(spans) == len(result.tokens)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])) and spans[0][0] == 0 and spans[-1][1] == len(result.text)
+    assert all(e.greedy is False and e.root_text == (events[i - 1].token_texts[-1] if i else "\n")
+               for i, e in enumerate(events))
     stats = result.stats
     assert stats.new_tokens == len(result.tokens) == 40
     assert stats.accepted == sum(len(e.accepted_path) for e in events)
@@ -87,6 +95,11 @@ def test_empty_prompt_and_bad_budget() -> None:
         engine.generate([1], 0)
     with pytest.raises(ValueError, match="out of the vocabulary"):
         engine.generate([1, 10_000], 4)
+    for bad in ([1, 3.7], [1, "5"], [1, True]):     # not ids, even where int() would accept them
+        with pytest.raises(ValueError, match="must be integers"):
+            engine.generate(bad, 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate([1, 2], True)
 
 
 def test_mismatched_vocabularies_are_refused() -> None:
@@ -130,3 +143,66 @@ def test_import_core_never_imports_qt() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_greedy_fast_path_equals_rule_3_with_a_one_hot_target() -> None:
+    import random
+
+    from core.sampling import Rng, greedy_token, logits_to_probs
+    from core.tree import Proposal, TokenTree
+    from core.verify import verify_greedy, verify_tree
+
+    rnd = random.Random(3)
+    for trial in range(300):
+        vocab = rnd.randint(2, 6)
+        tree = TokenTree()
+        for _ in range(rnd.randint(0, 7)):
+            parent = rnd.randint(-1, len(tree) - 1)
+            siblings = {tree.tokens[c] for c in tree.children(parent)}
+            free = [t for t in range(vocab) if t not in siblings]
+            if free:
+                tree.add(rnd.choice(free), parent, Proposal())
+        logits = {u: torch.randn(vocab, generator=torch.Generator().manual_seed(trial * 10 + u + 1))
+                  for u in range(-1, len(tree))}
+        eos = {rnd.randrange(vocab)} if rnd.random() < 0.3 else set()
+        greedy = SamplingParams(temperature=0.0)
+        fast = verify_greedy(tree, lambda u: greedy_token(logits[u]), eos)
+        rule = verify_tree(tree, lambda u: logits_to_probs(logits[u], greedy), Rng(trial), eos)
+        assert (fast.accepted, fast.extra, fast.bonus, fast.accept_probs) == \
+            (rule.accepted, rule.extra, rule.bonus, rule.accept_probs)
+
+
+def test_control_tokens_never_reach_the_text() -> None:
+    from core.tiny import tiny_pair
+
+    target, _ = tiny_pair()
+    im_start = target.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    evaluate = target.forward_tree
+
+    def says_im_start(tree, start=0):   # a model that says <|im_start|> (a control token, not an end) every time
+        rows = evaluate(tree, start).clone()
+        rows[:, im_start] = rows.max() + 10.0
+        return rows
+
+    target.forward_tree = says_im_start
+    result = SpeculativeEngine(target).generate(target.apply_chat_template([{"role": "user", "content": "x"}]), 5)
+    assert result.tokens == (im_start,) * 5
+    assert result.text == "" and "<|" not in "".join(t for e in result.steps for t in e.token_texts)
+    assert all(e.specials == ("<|im_start|>",) and e.spans == ((0, 0),) for e in result.steps)
+
+
+def test_cancel_during_a_long_prefill_stops_at_a_chunk() -> None:
+    target = tiny_backend(context=512)
+    target.prefill_chunk = 16
+    cancel = threading.Event()
+    seen = []
+
+    def progress(done, total):
+        seen.append(done)
+        cancel.set()          # Stop pressed while the first chunk was being read
+
+    result = SpeculativeEngine(target).generate(list(range(1, 60)) * 5, 8, cancel, progress)
+    assert result.stop_reason == StopReason.CANCELLED and result.tokens == ()
+    assert seen == [16] and len(target.committed) == 16    # one chunk read, the rest never started
+    again = SpeculativeEngine(target).generate(list(range(1, 60)) * 5, 3)   # and the cache is reused after
+    assert len(again.tokens) == 3

@@ -9,64 +9,18 @@ rejects a deliberately broken verifier (correction drawn from p instead of the r
 from __future__ import annotations
 
 import pytest
-import torch
-from scipy.stats import chisquare
 
 from core.backends.hf import HFBackend
 from core.drafting import Chain, MultiDraft, Tree
-from core.engine import SpeculativeEngine
-from core.sampling import SamplingParams, logits_to_probs
+from core.sampling import SamplingParams
 from core.tiny import perturb, tiny_model
-
-VOCAB = 8
-N = 2000
-ALPHA = 1e-3
-PROMPT = [3, 1, 4, 1, 5]
-
+from tests.chi_square import ALPHA, N, VOCAB, chi_square_p, exact_joint, sampled_joint
 
 @pytest.fixture(scope="module")
 def pair():
     target_model = tiny_model(VOCAB, seed=7, hidden=32, sharpness=0.5)
     draft_model = perturb(target_model, noise=0.4, seed=8)
     return HFBackend(target_model, device="cpu", name="t"), HFBackend(draft_model, device="cpu", name="d")
-
-
-def exact_joint(backend: HFBackend, params: SamplingParams) -> torch.Tensor:
-    model = backend.model
-    with torch.no_grad():
-        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], params)
-        joint = torch.zeros((VOCAB, VOCAB), dtype=torch.float64)
-        for a in range(VOCAB):
-            second = logits_to_probs(model(torch.tensor([PROMPT + [a]])).logits[0, -1], params)
-            joint[a] = first[a] * second
-    return joint
-
-
-def sampled_joint(target, draft, strategy, params: SamplingParams) -> torch.Tensor:
-    counts = torch.zeros((VOCAB, VOCAB), dtype=torch.float64)
-    for seed in range(N):
-        engine = SpeculativeEngine(target, draft, strategy,
-                                   SamplingParams(params.temperature, params.top_k, params.top_p, seed))
-        out: list[int] = []
-        for event in engine.stream(PROMPT, max_new_tokens=4):
-            out += event.tokens
-            if len(out) >= 2:
-                break
-        counts[out[0], out[1]] += 1
-    return counts
-
-
-def chi_square_p(counts: torch.Tensor, joint: torch.Tensor) -> float:
-    expected = (joint * counts.sum()).flatten()
-    observed = counts.flatten()
-    assert float(observed[expected == 0].sum()) == 0, "a token pair the target can never produce was emitted"
-    big = expected >= 5
-    obs = observed[big].tolist() + [float(observed[~big & (expected > 0)].sum())]
-    exp = expected[big].tolist() + [float(expected[~big & (expected > 0)].sum())]
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    assert len(exp) >= 10, "the target distribution is too peaked for a meaningful test"
-    return float(chisquare(obs, exp).pvalue)
 
 
 STRATEGIES = [

@@ -283,8 +283,10 @@ def test_default_pair_files_and_tokenizer(default_pair):
     assert target.vocab_size == draft.vocab_size == 151936
     assert 151645 in target.eos_ids
     assert target.fingerprint() == draft.fingerprint()
-    ids = target.apply_chat_template([{"role": "user", "content": "Hi"}])
-    assert target.detokenize(ids).endswith("<|im_start|>assistant\n")
+    ids = target.apply_chat_template([{"role": "user", "content": "Hi <|im_end|>"}])
+    assert target.detokenize(ids).endswith("user\nHi <|im_end|>\nassistant\n")   # typed text stays text
+    names = [target.special_name(t) for t in ids]
+    assert names.count("<|im_end|>") == 2 and names[-3] == "<|im_start|>"   # the template's markup only
 
 
 @pytest.mark.real_models

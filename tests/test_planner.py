@@ -1,16 +1,23 @@
-"""Auto: plain decoding when nothing pays, drafting when it does, the cache, drift re-planning, `speclens plan`."""
+"""Auto: plain decoding when nothing pays, memory and trees when they do, this prompt's record, the gate, the plan's
+cache (damaged files measured again), drift re-planning, `speclens plan`."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-import core.planner as planner
+import core.auto.calibrate as calibrate
+from core.auto import Auto, Plan, plan_key
+from core.auto.cache import load_plan, plan_path, save_plan
+from core.auto.cli import main as plan_main
+from core.auto.costs import Latencies
+from core.auto.estimates import AcceptanceTracker, PromptRates
+from core.auto.plan import MAX_BUDGET, MAX_DEPTH, PLAN_VERSION, best_plan
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
-from core.planner import AcceptanceTracker, Auto, NGramStats, Plan, plan_key
+from core.memory import MemoryStats, open_memory
 from core.sampling import SamplingParams
-from core.sequoia import Latencies, best_plan, solve
+from core.sequoia import solve
 from core.tree import Proposal, TokenTree
 from core.verify import Verdict
 from tests.tiny_models import tiny_draft_pair
@@ -19,17 +26,10 @@ GREEDY = SamplingParams(temperature=0.0)
 REPETITIVE = [3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7, 8, 3, 4, 5]
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(planner, "cache_dir", lambda: tmp_path / "plans")
-    return tmp_path / "plans"
-
-
-def make_plan(target, draft, verify: dict, acceptance=(0.8, 0.1), ngram_rate: float = 0.95) -> Plan:
-    lat = Latencies(verify, {1: 0.01, 8: 0.01} if draft is not None else {})
-    tree = best_plan(solve(acceptance, planner.MAX_BUDGET, planner.MAX_DEPTH), lat) if draft is not None else None
-    stats = NGramStats([ngram_rate * 50] * NGramStats.BUCKETS, [50.0] * NGramStats.BUCKETS)
-    return Plan(plan_key(target, draft, GREEDY), lat, stats, tuple(acceptance) if draft else None, tree)
+def make_plan(target, draft, verify: dict, acceptance=(0.8, 0.1), noise: float = 0.0) -> Plan:
+    lat = Latencies(verify, {1: 0.01, 8: 0.01} if draft is not None else {}, noise)
+    tree = best_plan(solve(acceptance, MAX_BUDGET, MAX_DEPTH), lat) if draft is not None else None
+    return Plan(plan_key(target, draft, GREEDY), lat, tuple(acceptance) if draft else None, tree)
 
 
 def run(target, draft, strategy, prompt=REPETITIVE, tokens=24):
@@ -38,70 +38,128 @@ def run(target, draft, strategy, prompt=REPETITIVE, tokens=24):
     return engine.last_result, events
 
 
+def baseline(target, prompt=REPETITIVE, tokens=24):
+    return SpeculativeEngine(target, None, Baseline(), GREEDY).generate(prompt, tokens)
+
+
 def test_expensive_verification_means_plain_decoding_with_a_reason() -> None:
     target, draft = tiny_draft_pair(vocab=24, seed=7, noise=0.05)
     # a target call on n tokens costs n^2 plain decodes: no draft can pay for itself
     plan = make_plan(target, draft, {1: 1.0, 2: 4.0, 4: 16.0, 16: 256.0})
-    result, events = run(target, draft, Auto(plan))
-    base = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(REPETITIVE, 24)
-    assert result.tokens == base.tokens
+    result, events = run(target, draft, Auto(plan, use_memory=False))
+    assert result.tokens == baseline(target).tokens
     assert result.stats.drafted == 0
-    assert all(e.note.startswith("plain decoding: nothing is predicted to beat it") for e in events)
-    assert "n-gram match" in events[0].note and "draft model's best tree" in events[0].note
+    assert all(e.note.startswith("plain decoding: ") for e in events)
+    assert "memory's match" in events[0].note and "draft model's best tree" in events[0].note
+    assert events[0].plan is not None and all(e.plan is None for e in events[1:])   # the plan reaches the views once
 
 
 def test_flat_verification_means_trees_and_lossless() -> None:
     target, draft = tiny_draft_pair(vocab=24, seed=7, noise=0.05)
-    auto = Auto(make_plan(target, draft, {1: 1.0, 16: 1.0}))
+    auto = Auto(make_plan(target, draft, {1: 1.0, 16: 1.0}), use_memory=False)
     result, events = run(target, draft, auto, prompt=[1, 2, 3])
-    base = SpeculativeEngine(target, None, Baseline(), GREEDY).generate([1, 2, 3], 24)
-    assert result.tokens == base.tokens
+    assert result.tokens == baseline(target, [1, 2, 3]).tokens
     assert auto.last_drafter.counts["tree"] > 0
-    assert any(e.note.startswith("Sequoia tree") for e in events)
+    assert any(e.note.startswith("Sequoia tree") and e.shape == auto.plan.tree.parents for e in events)
     assert auto.last_drafter.predicted_speedup > 1.5
 
 
-def test_ngram_only_when_the_text_repeats() -> None:
+def test_memory_drafts_when_the_text_repeats(tmp_path) -> None:
     target, _ = tiny_draft_pair(vocab=24, seed=7)
-    auto = Auto(make_plan(target, None, {1: 1.0, 2: 1.2, 16: 4.0}))
+    auto = Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=open_memory("t", tmp_path))
     result, events = run(target, None, auto)
-    base = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(REPETITIVE, 24)
-    assert result.tokens == base.tokens
-    assert {n.source for e in events for n in e.nodes} == {"ngram"}
-    assert events[0].note.startswith("n-gram lookup")
+    assert result.tokens == baseline(target).tokens
+    assert {n.source for e in events for n in e.nodes} == {"memory"}
+    assert any(e.note.startswith("memory: ") for e in events)
 
 
-def test_ngram_gate_follows_measured_acceptance() -> None:
-    lat = Latencies({1: 1.0, 2: 1.7, 3: 2.3, 4: 2.9, 8: 8.6})   # llama.cpp on 2 cores (MODELS.md)
-    poor = NGramStats([0.5] * 8, [1.0] * 8)
-    good = NGramStats([99.0] * 8, [100.0] * 8)
-    assert planner.best_ngram_k(poor, lat, 4, 8) == (0, 1.0)
-    k, speedup = planner.best_ngram_k(good, lat, 4, 8)
-    assert k >= 3 and speedup > 1.3
+def test_a_remembered_answer_drafts_its_regeneration(tmp_path) -> None:
+    target, _ = tiny_draft_pair(vocab=24, seed=9)
+    memory = open_memory("t", tmp_path)
+    prompt = [5, 1, 9, 2]
+    first, _ = run(target, None, Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=memory), prompt)
+    again, events = run(target, None, Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=memory),
+                        prompt)
+    assert again.tokens == first.tokens == baseline(target, prompt).tokens
+    assert again.stats.accepted >= len(again.tokens) // 2      # the earlier answer was drafted back
+    assert again.stats.target_calls < first.stats.target_calls
 
 
-def test_plan_is_measured_once_then_cached(private_cache, monkeypatch) -> None:
+def test_a_few_rejections_stop_memory_for_this_prompt() -> None:
+    stats = MemoryStats()
+    rates = PromptRates(stats)
+    assert rates.factor(12) == pytest.approx(1.0)
+    for _ in range(3):
+        rates.observe(12, False)
+    assert rates.factor(12) <= 0.5          # three misses halve the estimate at that match length ...
+    assert rates.factor(2) == pytest.approx(1.0)   # ... and leave other lengths alone
+    for _ in range(20):
+        rates.observe(12, True)
+    assert rates.factor(12) > 1.0
+
+
+def test_the_gate_is_the_measured_noise() -> None:
+    target, _ = tiny_draft_pair(vocab=24, seed=7)
+    # memory on this repetitive text predicts about 1.2x at these costs: taken with no noise, refused with 30%
+    quiet = Auto(make_plan(target, None, {1: 1.0, 2: 1.6, 4: 2.8, 16: 12.0}), use_memory=False)
+    noisy = Auto(make_plan(target, None, {1: 1.0, 2: 1.6, 4: 2.8, 16: 12.0}, noise=0.3), use_memory=False)
+    quiet_result, _ = run(target, None, quiet, tokens=30)
+    noisy_result, events = run(target, None, noisy, tokens=30)
+    assert quiet_result.stats.drafted > 0
+    assert noisy_result.stats.drafted == 0 and "drafting needs 1.30x" in events[-1].note
+    assert quiet_result.tokens == noisy_result.tokens
+
+
+def test_lookups_are_scored_while_decoding_plainly() -> None:
+    target, _ = tiny_draft_pair(vocab=24, seed=7)
+    auto = Auto(make_plan(target, None, {1: 1.0, 2: 10.0, 16: 100.0}), use_memory=False)
+    auto.bind(target, None, GREEDY)
+    drafter = auto.make_drafter(None, GREEDY, None)
+    drafter.start([1, 2, 3, 1, 2])
+    assert len(drafter.draft([1, 2, 3, 1, 2], 8, 8)) == 0          # plain: the proposal (3 1 2) is only remembered
+    drafter.draft([1, 2, 3, 1, 2, 3], 8, 8)                         # the target then wrote 3: the proposal was right
+    assert sum(drafter.rates.accepted) == 1 and sum(drafter.rates.tested) == 1
+
+
+def test_plan_is_measured_once_then_cached(monkeypatch) -> None:
     target, draft = tiny_draft_pair(vocab=24, seed=8)
-    monkeypatch.setattr(planner, "CALIBRATION_TOKENS", 8)
-    monkeypatch.setattr(planner, "VERIFY_SIZES", (1, 2, 4))
-    monkeypatch.setattr(planner, "DRAFT_SIZES", (1, 2))
-    auto = Auto()
-    run(target, draft, auto, tokens=6)
-    files = list(private_cache.glob("plan-*.json"))
-    assert len(files) == 1
-    saved = json.loads(files[0].read_text())
-    assert saved["key"] == plan_key(target, draft, GREEDY)
-    assert len(saved["acceptance"]) == planner.WIDTH and set(saved["latencies"]["verify"]) == {"1", "2", "4"}
+    monkeypatch.setattr(calibrate, "CALIBRATION_TOKENS", 8)
+    monkeypatch.setattr(calibrate, "VERIFY_SIZES", (1, 2, 4))
+    monkeypatch.setattr(calibrate, "DRAFT_SIZES", (1, 2))
+    run(target, draft, Auto(use_memory=False), tokens=6)
+    path = plan_path(plan_key(target, draft, GREEDY))
+    saved = json.loads(path.read_text())
+    assert saved["key"] == plan_key(target, draft, GREEDY) and saved["version"] == PLAN_VERSION
+    assert len(saved["acceptance"]) == calibrate.WIDTH and set(saved["latencies"]["verify"]) == {"1", "2", "4"}
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("the cached plan should have been used")
 
-    monkeypatch.setattr(planner, "measure_plan", no_measuring)
-    again = Auto()
+    monkeypatch.setattr("core.auto.strategy.measure_plan", no_measuring)
+    again = Auto(use_memory=False)
     run(target, draft, again, tokens=6)
     cached = Plan.from_json(saved)
     assert (again.plan.latencies, again.plan.acceptance, again.plan.tree) == (cached.latencies, cached.acceptance,
                                                                               cached.tree)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d["latencies"]["verify"].update({"1": 0.0}),           # a zero latency
+    lambda d: d["tree"].update(parents=[-1, 5]),                      # a parent out of range
+    lambda d: d.update(acceptance=[0.9, 0.9]),                        # probabilities summing over 1
+    lambda d: d.update(version=1),
+    lambda d: d.pop("latencies"),
+])
+def test_a_damaged_cached_plan_is_measured_again(damage) -> None:
+    target, draft = tiny_draft_pair(vocab=24, seed=8)
+    plan = make_plan(target, draft, {1: 1.0, 16: 1.0})
+    path = save_plan(plan)
+    data = json.loads(path.read_text())
+    damage(data)
+    path.write_text(json.dumps(data))
+    assert load_plan(plan.key) is None
+    path.write_text("{not json")
+    assert load_plan(plan.key) is None
 
 
 def test_drift_replans_the_tree() -> None:
@@ -109,12 +167,14 @@ def test_drift_replans_the_tree() -> None:
     plan = make_plan(target, draft, {1: 1.0, 16: 1.0}, acceptance=(0.95, 0.04))
     planned = plan.tree.parents
     saved = []
-    auto = Auto(plan)
+    auto = Auto(plan, use_memory=False)
     auto._replanned = saved.append
-    run(target, draft, auto, prompt=[1, 2, 3], tokens=60)
+    result, events = run(target, draft, auto, prompt=[1, 2, 3], tokens=60)
     assert saved, "the measured acceptance is far below the plan's: it must re-plan"
     assert plan.acceptance[0] < 0.9
     assert plan.tree.parents != planned
+    assert sum(e.plan is not None for e in events) >= 2          # the re-plan reached the views as an event
+    assert result.tokens == baseline(target, [1, 2, 3], 60).tokens
 
 
 def test_acceptance_tracker_counts_hazards() -> None:
@@ -128,37 +188,17 @@ def test_acceptance_tracker_counts_hazards() -> None:
     assert tracker.vector() == (0.5, 0.5)
 
 
-def test_ngram_stats_replay_target_text() -> None:
-    text = [1, 2, 3, 4, 1, 2, 3, 5]
-    stats = NGramStats.from_texts([(6, text)])
-    # at position 6 the lookup (match 2: "1 2") proposes 3 4 ...: 3 right, then 4 wrong (against 5)
-    # at position 7 (match 3: "1 2 3") it proposes 4: wrong
-    assert stats.tested[1] == 1 and stats.accepted[1] == 1
-    assert stats.tested[2] == 2 and stats.accepted[2] == 0
-
-
 def test_speclens_plan_prints_everything(capsys, monkeypatch) -> None:
-    monkeypatch.setattr(planner, "CALIBRATION_TOKENS", 8)
-    assert planner.main(["--pair", "tiny"]) == 0
+    monkeypatch.setattr(calibrate, "CALIBRATION_TOKENS", 8)
+    assert plan_main(["--pair", "tiny"]) == 0
     out = capsys.readouterr().out
-    for part in ("Acceptance vector", "Sequoia DP", "target forward of n tokens", "Plan:", "predicted"):
+    for part in ("Acceptance vector", "Sequoia DP", "target forward of n tokens", "Plan:", "predicted",
+                 "timing noise", "memory drafts"):
         assert part in out
-    assert planner.main(["--pair", "tiny", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["version"] == planner.PLAN_VERSION
+    assert plan_main(["--pair", "tiny", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["version"] == PLAN_VERSION
 
 
 def test_speclens_plan_names_a_bad_pair(capsys) -> None:
-    assert planner.main(["--pair", "nonesuch"]) == 2
+    assert plan_main(["--pair", "nonesuch"]) == 2
     assert "nonesuch" in capsys.readouterr().err
-
-
-def test_lookups_are_scored_while_decoding_plainly() -> None:
-    target, _ = tiny_draft_pair(vocab=24, seed=7)
-    plan = make_plan(target, None, {1: 1.0, 2: 10.0, 16: 100.0}, ngram_rate=0.0)
-    drafter = Auto(plan).make_drafter(None, GREEDY, None)
-    before = (list(plan.ngram.accepted), list(plan.ngram.tested))
-    assert len(drafter.draft([1, 2, 3, 1, 2], 8, 8)) == 0          # plain: the lookup (3 1 2) is only remembered
-    drafter.draft([1, 2, 3, 1, 2, 3], 8, 8)                         # the target then wrote 3: the lookup was right
-    bucket = NGramStats.bucket(2)
-    assert plan.ngram.tested[bucket] == pytest.approx(before[1][bucket] * NGramStats.DECAY + 1)
-    assert plan.ngram.accepted[bucket] == pytest.approx(before[0][bucket] * NGramStats.DECAY + 1)

@@ -9,8 +9,10 @@ import pytest
 from core.drafting import Baseline, Tree
 from core.engine import SpeculativeEngine
 from core.sampling import SamplingParams
-from core.sequoia import (PAPER_ACCEPTANCE, Latencies, best_plan, estimate_acceptance, profile_latencies, solve,
-                          tree_value)
+from core.auto.calibrate import estimate_acceptance, profile_latencies
+from core.auto.costs import Latencies
+from core.auto.plan import best_plan
+from core.sequoia import PAPER_ACCEPTANCE, solve, tree_value
 from core.tree import depths_of
 from tests.tiny_models import tiny_draft_pair
 

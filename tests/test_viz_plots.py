@@ -6,10 +6,12 @@ import pytest
 from PySide6.QtGui import QColor, QPalette
 
 from app.viz.panel import VizPanel
-from app.viz.planner_view import PlannerSnapshot, PlannerView
+from app.viz.planner_view import PlannerView
 from app.viz.plots import PlotsWidget, expected_tokens_per_call
 from app.viz.scenes import record
 from core import sequoia
+from core.auto.calibrate import profile_latencies
+from core.auto.plan import Plan, best_plan
 from core.drafting import Baseline, Chain
 from core.sampling import SamplingParams
 from core.tiny import tiny_pair
@@ -35,7 +37,7 @@ def test_theory_curve():
     assert np.allclose(expected_tokens_per_call(b, 3), [1 + 0.2 + 0.04 + 0.008, 1 + 0.9 + 0.81 + 0.729])
 
 
-def test_plots_receive_the_runs_data_on_their_timer(qtbot, runs):
+def test_plots_receive_the_runs_data_when_visible(qtbot, runs):
     baseline, spec = runs
     plots = PlotsWidget()
     qtbot.addWidget(plots)
@@ -43,7 +45,9 @@ def test_plots_receive_the_runs_data_on_their_timer(qtbot, runs):
         plots.add_step(e)
     for e in baseline.steps:
         plots.add_baseline_step(e)
-    # no explicit refresh: the 25 Hz timer must push the buffers to the curves
+    plots.refresh()
+    assert plots.spec_curve.getData()[0] is None      # hidden: no redrawing
+    plots.show()                                      # shown: the buffers reach the curves
     qtbot.waitUntil(lambda: plots.spec_curve.getData()[0] is not None, timeout=2000)
     rated = [e for e in spec.steps if e.stats.new_tokens >= 2]
     x, y = plots.spec_curve.getData()
@@ -72,16 +76,17 @@ def test_plots_receive_the_runs_data_on_their_timer(qtbot, runs):
 def test_planner_view_shows_a_real_dp_table(qtbot, pair):
     target, draft = pair
     prompt = target.apply_chat_template([{"role": "user", "content": "hi"}])
-    latencies = sequoia.profile_latencies(target, draft, prompt, verify_sizes=(1, 2, 4, 8), draft_sizes=(1, 2, 4),
-                                          repeats=1)
+    latencies = profile_latencies(target, draft, prompt, verify_sizes=(1, 2, 4, 8), draft_sizes=(1, 2, 4), repeats=1)
     table = sequoia.solve(sequoia.PAPER_ACCEPTANCE, 16, 4)
-    plan = sequoia.best_plan(table, latencies)
+    plan = best_plan(table, latencies)
     view = PlannerView()
     qtbot.addWidget(view)
-    view.show_snapshot(PlannerSnapshot.from_sequoia(table, latencies, plan, realised_speedup=0.8))
-    assert len(view.dp_curves) == 4
+    event = Plan({}, latencies, sequoia.PAPER_ACCEPTANCE, plan).to_event().with_realised(0.8)
+    view.show_plan(event)
+    plan_table = Plan({}, latencies, sequoia.PAPER_ACCEPTANCE, plan).table()
+    assert len(view.dp_curves) == len(plan_table.value) - 1
     for d, curve in enumerate(view.dp_curves, start=1):
-        assert np.allclose(curve.getData()[1], table.value[d][1:])
+        assert np.allclose(curve.getData()[1], plan_table.value[d][1:])
     sx, sy = view.dp_plan.getData()
     assert (sx[0], sy[0]) == (plan.budget, pytest.approx(plan.expected_tokens))
     assert list(view.speed_bars.opts["height"]) == pytest.approx([plan.speedup, 0.8])
@@ -94,14 +99,14 @@ def test_panel_takes_a_whole_answer(qtbot, runs):
     _, spec = runs
     panel = VizPanel()
     qtbot.addWidget(panel)
-    panel.set_strategy(Chain(4))
+    panel.show()
     panel.on_generation_started("Chain(4)")
     assert "generating" in panel.summary.text()
-    for e in spec.steps:
-        panel.on_step(e)
+    panel.on_steps(spec.steps[:3])
+    panel.on_steps(spec.steps[3:])
     panel.on_finished(spec)
-    assert len(panel.tree.events) == len(spec.steps)
-    assert panel.tree.shape == Chain(4).parents
+    assert panel.tree.events == list(spec.steps)
+    assert panel.tree.view.event is spec.steps[-1] and panel.tree.view.event.shape == Chain(4).parents
     assert f"{spec.stats.tokens_per_second:.1f} tok/s" in panel.summary.text()
     assert f"{spec.stats.new_tokens} tokens in {spec.stats.target_calls} target calls" in panel.summary.text()
     panel.on_generation_started("Chain(4)")                 # the next answer starts clean

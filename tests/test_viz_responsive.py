@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import time
 
-import shiboken6
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QTimer
 
 from app.viz.panel import VizPanel
-from app.worker import EngineWorker, start_worker
+from app.worker import EngineRun
 from core.drafting import Tree
 from core.engine import SpeculativeEngine
 from core.sampling import SamplingParams
@@ -26,13 +25,17 @@ def test_event_loop_latency_stays_below_100ms_while_decoding(qtbot):
     qtbot.addWidget(panel)
     panel.resize(900, 600)
     panel.show()
-    panel.set_strategy(strategy)
-    worker = EngineWorker(lambda: SpeculativeEngine(target, draft, strategy, SamplingParams(temperature=0.9, seed=1)),
-                          prompt, 400)
-    queued = Qt.ConnectionType.QueuedConnection   # as the main window connects them: the panel runs on the GUI thread
-    worker.started.connect(panel.on_generation_started, queued)
-    worker.step.connect(panel.on_step, queued)
-    worker.finished.connect(panel.on_finished, queued)
+    panel.on_generation_started(strategy.label)
+
+    def job(push, cancel):
+        engine = SpeculativeEngine(target, draft, strategy, SamplingParams(temperature=0.9, seed=1))
+        for event in engine.stream(prompt, 400, cancel):
+            push(event)
+        return engine.last_result
+
+    run = EngineRun(job)        # as the session runs answers: the panel gets a frame of steps at a time
+    run.frame.connect(panel.on_steps)
+    run.finished.connect(panel.on_finished)
 
     beats: list[tuple[float, float]] = []
     heart = QTimer()
@@ -40,13 +43,10 @@ def test_event_loop_latency_stays_below_100ms_while_decoding(qtbot):
     heart.timeout.connect(lambda: beats.append((time.perf_counter(), time.process_time())))
     heart.start()
     results = []
-    worker.finished.connect(results.append)
-    thread = start_worker(worker)
-    # wait on the GUI side: the panel's queued on_finished runs after every queued step
+    run.finished.connect(results.append)
+    run.start()
     qtbot.waitUntil(lambda: "stopped:" in panel.summary.text(), timeout=120_000)
     heart.stop()
-    if shiboken6.isValid(thread):  # once finished, the thread deletes itself
-        thread.wait()
     result = results[0]
     # the measurement means something only if the panel really drew many steps while the engine ran
     assert len(panel.tree.events) == len(result.steps) >= 40

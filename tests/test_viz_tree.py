@@ -31,13 +31,14 @@ def node(i, parent, depth, fate, text="x", p=0.3, q=0.5, a=0.6):
     return NodeInfo(i, 40 + i, text, parent, depth, q, p if tested else None, fate, a if tested else None, "draft")
 
 
-def event(nodes, path, extra_origin=Origin.CORRECTION, margins=()):
+def event(nodes, path, extra_origin=Origin.CORRECTION, margins=(), shape=None, specials=None):
     tokens = tuple(40 + j for j in path) + (99,)
     origins = (Origin.DRAFT,) * len(path) + (extra_origin,)
     texts = tuple("x" for _ in path) + ("\n",)
     return StepEvent(step=0, nodes=tuple(nodes), accepted_path=tuple(path), tokens=tokens, origins=origins,
-                     token_texts=texts, text="", margins=margins, draft_seconds=0.0, verify_seconds=0.0,
-                     timestamp=0.1, stats=GenerationStats())
+                     token_texts=texts, specials=specials or ("",) * len(tokens), text="", spans=(),
+                     margins=margins, draft_seconds=0.0, verify_seconds=0.0, timestamp=0.1, stats=GenerationStats(),
+                     greedy=bool(margins), shape=shape)
 
 
 def expected_kinds(e: StepEvent, planned: int = 0) -> dict[str, int]:
@@ -82,8 +83,9 @@ def test_boxes_and_colours_match_a_real_step(qtbot, sampled_run):
     view.show_step(e, animate=False)
     assert view.items_by_kind() == expected_kinds(e)
     keys = {b.key: b for b in view.boxes}
+    slot_of = tl.match_planned_slots(e.nodes, e.shape)   # the step's planned shape places the boxes
     for n in e.nodes:
-        box = keys[f"n{n.index}"]
+        box = keys[f"s{slot_of[n.index]}"]
         assert box.kind == n.fate.value
         assert box.on_path == (n.index in e.accepted_path)
         item = view.item(box.key)
@@ -95,17 +97,17 @@ def test_boxes_and_colours_match_a_real_step(qtbot, sampled_run):
         assert item.toolTip() == tl.explain_node(n, e)   # hover shows why
     extra = view.item("extra")
     assert extra.box.kind == e.origins[-1].value
-    assert extra.box.parent_key == f"n{e.accepted_path[-1]}"
+    assert extra.box.parent_key == f"s{slot_of[e.accepted_path[-1]]}"
     assert extra.label.startswith("\u2605")
 
 
 def test_planned_but_undrafted_slots_are_drawn_faintly(qtbot):
     shape = (-1, -1, 0, 0, 1, 2)
     nodes = [node(0, -1, 1, Fate.ACCEPTED), node(1, -1, 1, Fate.NOT_REACHED), node(2, 0, 2, Fate.REJECTED)]
-    e = event(nodes, [0])
+    e = event(nodes, [0], shape=shape)
     view = TreeView()
     qtbot.addWidget(view)
-    view.show_step(e, shape, animate=False)
+    view.show_step(e, animate=False)
     assert view.items_by_kind() == expected_kinds(e, planned=3)
     boxes = {b.key: b for b in view.boxes}
     assert {k for k, b in boxes.items() if b.kind == tl.PLANNED} == {"s3", "s4", "s5"}
@@ -116,7 +118,7 @@ def test_planned_but_undrafted_slots_are_drawn_faintly(qtbot):
 
 def test_a_tree_that_does_not_fit_the_plan_is_drawn_without_it():
     nodes = [node(0, -1, 1, Fate.ACCEPTED), node(1, 0, 2, Fate.ACCEPTED), node(2, 1, 3, Fate.REJECTED)]
-    boxes = tl.layout_step(event(nodes, [0, 1]), shape=(-1, -1))   # a chain of 3 cannot fill a width-2 level
+    boxes = tl.layout_step(event(nodes, [0, 1], shape=(-1, -1)))   # a chain of 3 cannot fill a width-2 level
     assert not any(b.kind == tl.PLANNED for b in boxes)
     assert [b.key for b in boxes if b.kind != tl.ROOT] == ["n0", "n1", "n2", "extra"]
 
@@ -146,9 +148,10 @@ def test_kept_slots_keep_their_item_and_the_change_is_animated(qtbot, pair):
     view = TreeView()
     qtbot.addWidget(view)
     view.show()
-    view.show_step(run.steps[0], Chain(3).parents, animate=False)
+    assert run.steps[0].shape == Chain(3).parents
+    view.show_step(run.steps[0], animate=False)
     first = view.item("s1")
-    view.show_step(run.steps[1], Chain(3).parents, animate=True)
+    view.show_step(run.steps[1], animate=True)
     assert view.item("s1") is first                     # same box updated in place, not torn down and redrawn
     assert view._anim.state() == view._anim.State.Running
     qtbot.waitUntil(lambda: view._anim.state() != view._anim.State.Running, timeout=2000)
@@ -160,20 +163,23 @@ def test_slider_replays_step_n_and_stops_following(qtbot, sampled_run):
     steps = sampled_run.steps
     replay = TreeReplay()
     qtbot.addWidget(replay)
-    replay.reset(SHAPE)
-    for e in steps[:-1]:
-        replay.add_step(e)
+    replay.show()
+    replay.reset()
+    replay.add_steps(steps[:3])                           # a frame of three steps: only the newest is drawn
+    assert replay.view.event is steps[2]
+    for e in steps[3:-1]:
+        replay.add_steps([e])
     assert replay.view.event is steps[-2]                 # live: follows the newest step
     n = 3
     replay.slider.setValue(n)
     assert replay.view.event is steps[n]
     assert replay.step_label.text() == f"step {n + 1}/{len(steps) - 1}"
     assert f"step {steps[n].step + 1}:" in replay.caption.text()
-    replay.add_step(steps[-1])                           # a new step arrives while replaying: stay on step n
+    replay.add_steps([steps[-1]])                        # a new step arrives while replaying: stay on step n
     assert replay.view.event is steps[n]
     assert replay.slider.maximum() == len(steps) - 1
     replay.slider.setValue(len(steps) - 1)
-    replay.add_step(steps[0])                            # back at the end: follow again
+    replay.add_steps([steps[0]])                         # back at the end: follow again
     assert replay.view.event is steps[0]
     with pytest.raises(IndexError, match="does not exist"):
         replay.show_index(len(steps) + 5)
@@ -186,3 +192,20 @@ def test_the_screenshot_shows_the_most_telling_step():
                    [0, 1])
     assert telling_step((plain, mixed, longer)) == 2
     assert telling_step((plain, mixed)) == 1      # a step that rejected something beats a clean sweep
+
+
+def test_a_hidden_tree_draws_nothing_until_shown(qtbot, sampled_run):
+    replay = TreeReplay()
+    qtbot.addWidget(replay)
+    replay.reset()
+    replay.add_steps(sampled_run.steps[:5])
+    assert replay.view.event is None                      # hidden: no drawing work per frame
+    replay.show()
+    qtbot.waitUntil(lambda: replay.view.event is sampled_run.steps[4], timeout=2000)
+
+
+def test_a_control_token_is_a_marked_box_not_its_name():
+    e = event([node(0, -1, 1, Fate.ACCEPTED)], [0], Origin.BONUS, specials=("", "<|im_end|>"))
+    extra = next(b for b in tl.layout_step(e) if b.key == "extra")
+    assert extra.label == f"{tl.END_MARK} end" and "<|" not in extra.label
+    assert "end" in tl.explain_extra(e) and "<|im_end|>" not in extra.label

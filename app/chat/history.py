@@ -1,37 +1,37 @@
-"""Conversation history in SQLite (WAL): conversations, their messages, export to JSON and Markdown.
+"""Conversation history in SQLite (WAL): conversations, their messages, paging through long chats, export.
 
 Every message keeps its source text (never its rendering), the origin of each character of an answer ("d" accepted
 draft token, "t" target token, " " unknown) and the answer's stats. Answers are written while they stream, so a crash
-or kill loses nothing already shown. A file that SQLite cannot read is moved aside and a fresh one started; the store
-then carries a notice for the window to show.
+or kill loses nothing already shown.
+
+Several windows (or processes) may share one file. Every write is one BEGIN IMMEDIATE transaction, so what it reads
+first (does the conversation still exist, which position comes next) cannot change before it writes; ids are never
+reused, so a window holding the id of a conversation deleted elsewhere gets DeletedElsewhereError instead of writing
+into a newer chat. Opening (locks, read-only files, damage, old schemas) lives in history_open, and every SQLite
+error reaches the caller as a HistoryError subclass naming the file (history_errors).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 1
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS conversations (
-    id INTEGER PRIMARY KEY, title TEXT NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL, updated REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
-    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    position INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
-    origins TEXT NOT NULL DEFAULT '', stats TEXT, complete INTEGER NOT NULL DEFAULT 1, created REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
-"""
+from app.chat.history_errors import (DeletedElsewhereError, HistoryError, HistoryLockedError, HistoryReadOnlyError,
+                                     HistoryReplacedError, read_only_error, translate)
+from app.chat.history_open import BUSY_TIMEOUT_S, open_history
+
+__all__ = ["ROLES", "Conversation", "DeletedElsewhereError", "HistoryError", "HistoryLockedError",
+           "HistoryReadOnlyError", "HistoryReplacedError", "HistoryStore", "Message", "storable"]
+
 ROLES = ("user", "assistant")
-
-
-class HistoryError(RuntimeError):
-    """The history could not be read or written."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MESSAGE_FIELDS = "id, role, content, origins, stats, complete"
 
 
 @dataclass
@@ -57,145 +57,214 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
 
 
+def storable(text: str) -> str:
+    """``text`` with every surrogate code point replaced by U+FFFD.
+
+    Python strings can hold lone surrogates (a tokenizer's split byte pair, a clipboard, an OS API) but UTF-8, and so
+    SQLite, cannot: they raised UnicodeEncodeError on save. One character for one keeps an answer's per-character
+    origins aligned with its text.
+    """
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``, None when there is none: which file a path names right now."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _conversation_gone(conversation_id: int) -> DeletedElsewhereError:
+    return DeletedElsewhereError(f"Conversation {conversation_id} is no longer in the chat history: this conversation "
+                                 "was deleted in another window.")
+
+
+def _require_conversation(conn: sqlite3.Connection, conversation_id: int) -> None:
+    if conn.execute("SELECT 1 FROM conversations WHERE id=?", (conversation_id,)).fetchone() is None:
+        raise _conversation_gone(conversation_id)
+
+
 class HistoryStore:
-    """The history database at ``path``; created when missing, moved aside and recreated when unreadable."""
+    """The history database at ``path``: created when missing, migrated when old, repaired when damaged.
 
-    def __init__(self, path: Path) -> None:
+    ``read_only`` is True when the file can only be read (every write then raises HistoryReadOnlyError), and
+    ``notice`` holds a message for the window to show once (read-only, repaired, or moved aside), else None.
+    ``busy_timeout`` is how many seconds an operation waits for another window's transaction before raising
+    HistoryLockedError.
+    """
+
+    def __init__(self, path: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
         self.path = Path(path)
-        self.notice: str | None = None  # set when a corrupt file was moved aside
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._conn = self._connect()
-        except sqlite3.DatabaseError as exc:
-            if not self.path.is_file():  # nothing to move aside: the folder itself is unusable
-                raise HistoryError(f"cannot open the chat history at {self.path}: {exc}") from exc
-            moved = self._move_aside()
-            self.notice = (f"The chat history file could not be read ({exc}). It was moved to {moved} and a new, "
-                           "empty history was started.")
-            self._conn = self._connect()
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(str(self.path))
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            check = conn.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
-            conn.executescript(SCHEMA)
-            version = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if version is None:
-                conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(version[0]) > SCHEMA_VERSION:
-                raise sqlite3.DatabaseError(f"written by a newer SpecLens (schema {version[0]})")
-            conn.commit()
-        except (sqlite3.DatabaseError, ValueError) as exc:
-            conn.close()
-            raise sqlite3.DatabaseError(str(exc)) from exc
-        return conn
-
-    def _move_aside(self) -> Path:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = self.path.with_name(f"{self.path.stem}.corrupt-{stamp}{self.path.suffix}")
-        n = 1
-        while target.exists():
-            target = self.path.with_name(f"{self.path.stem}.corrupt-{stamp}-{n}{self.path.suffix}")
-            n += 1
-        os.replace(self.path, target)
-        for suffix in ("-wal", "-shm"):  # a stale journal must not be replayed into the new file
-            side = Path(str(self.path) + suffix)
-            if side.exists():
-                os.replace(side, Path(str(target) + suffix))
-        return target
+        opened = open_history(self.path, busy_timeout)
+        self._conn = opened.conn
+        self.read_only = opened.read_only
+        self.notice = opened.notice
+        self._identity = _file_identity(self.path)
 
     def close(self) -> None:
         """Flush and close the database."""
         self._conn.close()
 
-    def _write(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
+    @contextmanager
+    def _transaction(self, doing: str, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """One transaction; SQLite errors inside become HistoryErrors saying what could not be done (``doing``).
+
+        Writes take the write lock up front (BEGIN IMMEDIATE), waiting up to the busy timeout for another window,
+        and are refused when the path now names another file than the one opened (SQLite would go on writing into
+        the renamed one without noticing). Reads get one consistent snapshot (BEGIN). A write refused as read-only
+        marks the store read-only: SQLite opens a write-protected file without saying so, and from then on nothing
+        will be saved.
+        """
+        if write and self.read_only:
+            raise read_only_error(self.path, doing)
+        conn = self._conn
         try:
-            with self._conn:
-                return self._conn.execute(sql, args)
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            if write and _file_identity(self.path) != self._identity:  # checked under the lock a repair takes too
+                raise HistoryReplacedError(f"Could not {doing}: the chat history at {self.path} was replaced by "
+                                           "another window (a repair) or moved; it has to be opened again.")
+            yield conn
+            conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise HistoryError(f"could not save the chat history to {self.path}: {exc}") from exc
+            self._rollback()
+            error = translate(exc, self.path, doing)
+            if write and isinstance(error, HistoryReadOnlyError):
+                self.read_only = True
+            raise error from exc
+        except BaseException:
+            self._rollback()
+            raise
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            with suppress(sqlite3.Error):  # the error being reported matters more than a failed rollback
+                self._conn.execute("ROLLBACK")
 
     # conversations
     def create_conversation(self, title: str = "New chat", system_prompt: str = "") -> int:
-        """A new empty conversation; returns its id."""
+        """A new empty conversation; returns its id (never one used before in this file)."""
         now = time.time()
-        cur = self._write("INSERT INTO conversations (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
-                          (title, system_prompt, now, now))
+        with self._transaction("save the new conversation") as conn:
+            cur = conn.execute("INSERT INTO conversations (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
+                               (storable(title), storable(system_prompt), now, now))
         return int(cur.lastrowid)
 
     def conversations(self) -> list[Conversation]:
         """All conversations (without messages), most recently updated first."""
-        rows = self._conn.execute(
-            "SELECT id, title, system_prompt, updated FROM conversations ORDER BY updated DESC, id DESC").fetchall()
-        return [Conversation(id=r[0], title=r[1], system_prompt=r[2], updated=r[3]) for r in rows]
+        with self._transaction("read the list of conversations", write=False) as conn:
+            rows = conn.execute("SELECT id, title, system_prompt, updated FROM conversations "
+                                "ORDER BY updated DESC, id DESC").fetchall()
+        return [Conversation(*row) for row in rows]
 
     def conversation(self, conversation_id: int) -> Conversation:
-        """One conversation with its messages."""
-        row = self._conn.execute("SELECT id, title, system_prompt, updated FROM conversations WHERE id=?",
-                                 (conversation_id,)).fetchone()
-        if row is None:
-            raise HistoryError(f"no conversation with id {conversation_id}")
-        conv = Conversation(id=row[0], title=row[1], system_prompt=row[2], updated=row[3])
-        for mid, role, content, origins, stats, complete in self._conn.execute(
-                "SELECT id, role, content, origins, stats, complete FROM messages WHERE conversation_id=? "
-                "ORDER BY position", (conversation_id,)):
-            conv.messages.append(Message(role=role, content=content, origins=origins,
-                                         stats=json.loads(stats) if stats else None, complete=bool(complete), id=mid))
-        return conv
+        """One conversation with all its messages in order (two queries on one snapshot, however long the chat)."""
+        with self._transaction("read the conversation", write=False) as conn:
+            row = conn.execute("SELECT id, title, system_prompt, updated FROM conversations WHERE id=?",
+                               (conversation_id,)).fetchone()
+            if row is None:
+                raise _conversation_gone(conversation_id)
+            return Conversation(*row, messages=self._messages(conn, conversation_id, 0, -1))
+
+    def message_count(self, conversation_id: int) -> int:
+        """How many messages the conversation has (for a view that pages through a long chat)."""
+        with self._transaction("read the conversation", write=False) as conn:
+            _require_conversation(conn, conversation_id)
+            return conn.execute("SELECT COUNT(*) FROM messages WHERE conversation_id=?",
+                                (conversation_id,)).fetchone()[0]
+
+    def messages(self, conversation_id: int, offset: int = 0, limit: int | None = None) -> list[Message]:
+        """Messages ``offset`` .. ``offset + limit - 1`` of the conversation in order (all from ``offset`` when
+        ``limit`` is None), so a view can show part of a long chat without loading all of it."""
+        if offset < 0 or (limit is not None and limit < 0):
+            raise ValueError(f"offset and limit must not be negative (got {offset}, {limit})")
+        with self._transaction("read the conversation", write=False) as conn:
+            _require_conversation(conn, conversation_id)
+            return self._messages(conn, conversation_id, offset, -1 if limit is None else limit)
+
+    @staticmethod
+    def _messages(conn: sqlite3.Connection, conversation_id: int, offset: int, limit: int) -> list[Message]:
+        """One query, served by the (conversation_id, position) index; ``limit`` -1 means no limit."""
+        rows = conn.execute(f"SELECT {_MESSAGE_FIELDS} FROM messages WHERE conversation_id=? ORDER BY position "
+                            "LIMIT ? OFFSET ?", (conversation_id, limit, offset))
+        return [Message(role=role, content=content, origins=origins, stats=json.loads(stats) if stats else None,
+                        complete=bool(complete), id=mid) for mid, role, content, origins, stats, complete in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
+        """Give the conversation a new, non-empty title (surrounding spaces dropped)."""
         title = title.strip()
         if not title:
             raise HistoryError("a conversation needs a non-empty title")
-        self._write("UPDATE conversations SET title=? WHERE id=?", (title, conversation_id))
+        self._set_conversation_field(conversation_id, "title", title, "save the new title")
 
     def set_system_prompt(self, conversation_id: int, text: str) -> None:
-        self._write("UPDATE conversations SET system_prompt=? WHERE id=?", (text, conversation_id))
+        self._set_conversation_field(conversation_id, "system_prompt", text, "save the system prompt")
+
+    def _set_conversation_field(self, conversation_id: int, column: str, value: str, doing: str) -> None:
+        with self._transaction(doing) as conn:
+            cur = conn.execute(f"UPDATE conversations SET {column}=? WHERE id=?", (storable(value), conversation_id))
+            if cur.rowcount == 0:
+                raise _conversation_gone(conversation_id)
 
     def delete(self, conversation_id: int) -> None:
-        self._write("DELETE FROM conversations WHERE id=?", (conversation_id,))
+        """Delete the conversation and its messages (nothing happens if it is already gone)."""
+        with self._transaction("delete the conversation") as conn:
+            conn.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
 
     # messages
     def add_message(self, conversation_id: int, message: Message) -> int:
-        """Append ``message`` to the conversation; sets and returns its id."""
+        """Append ``message`` to the conversation; sets and returns its id.
+
+        The position is computed inside the write transaction, so two windows adding to one chat never take the
+        same one; a conversation deleted in another window raises DeletedElsewhereError.
+        """
         if message.role not in ROLES:
             raise HistoryError(f"unknown message role {message.role!r}")
         now = time.time()
-        pos = self._conn.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id=?",
-                                 (conversation_id,)).fetchone()[0]
-        cur = self._write(
-            "INSERT INTO messages (conversation_id, position, role, content, origins, stats, complete, created) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, pos, message.role, message.content, message.origins,
-             json.dumps(message.stats) if message.stats is not None else None, int(message.complete), now))
-        self._touch(conversation_id, now)
+        with self._transaction("save the message") as conn:
+            _require_conversation(conn, conversation_id)
+            position = conn.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id=?",
+                                    (conversation_id,)).fetchone()[0]
+            cur = conn.execute(
+                "INSERT INTO messages (conversation_id, position, role, content, origins, stats, complete, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, position, message.role, *self._values(message), now))
+            conn.execute("UPDATE conversations SET updated=? WHERE id=?", (now, conversation_id))
         message.id = int(cur.lastrowid)
         return message.id
 
     def update_message(self, message: Message) -> None:
         """Store the current text, origins, stats and completeness of a message added earlier."""
-        if message.id is None:
+        self.update_messages([message])
+
+    def update_messages(self, messages: list[Message]) -> None:
+        """Store several messages added earlier in one transaction: all of them or none."""
+        if any(m.id is None for m in messages):
             raise HistoryError("update_message needs a message that was added first")
-        self._write("UPDATE messages SET content=?, origins=?, stats=?, complete=? WHERE id=?",
-                    (message.content, message.origins,
-                     json.dumps(message.stats) if message.stats is not None else None, int(message.complete),
-                     message.id))
+        with self._transaction("save the answer") as conn:
+            for m in messages:
+                cur = conn.execute("UPDATE messages SET content=?, origins=?, stats=?, complete=? WHERE id=?",
+                                   (*self._values(m), m.id))
+                if cur.rowcount == 0:
+                    raise DeletedElsewhereError(f"Message {m.id} is no longer in the chat history: it was deleted in "
+                                                "another window.")
+
+    @staticmethod
+    def _values(message: Message) -> tuple:
+        """content, origins, stats, complete as stored."""
+        stats = json.dumps(message.stats) if message.stats is not None else None
+        return storable(message.content), storable(message.origins), stats, int(message.complete)
 
     def delete_messages_from(self, conversation_id: int, message_id: int) -> None:
         """Delete message ``message_id`` and every later message of the conversation (for edit and regenerate)."""
-        row = self._conn.execute("SELECT position FROM messages WHERE id=? AND conversation_id=?",
-                                 (message_id, conversation_id)).fetchone()
-        if row is None:
-            raise HistoryError(f"message {message_id} is not in conversation {conversation_id}")
-        self._write("DELETE FROM messages WHERE conversation_id=? AND position>=?", (conversation_id, row[0]))
-
-    def _touch(self, conversation_id: int, when: float) -> None:
-        self._write("UPDATE conversations SET updated=? WHERE id=?", (when, conversation_id))
+        with self._transaction("delete the messages") as conn:
+            row = conn.execute("SELECT position FROM messages WHERE id=? AND conversation_id=?",
+                               (message_id, conversation_id)).fetchone()
+            if row is None:
+                raise DeletedElsewhereError(f"Message {message_id} is no longer in conversation {conversation_id} "
+                                            "(deleted in another window?)")
+            conn.execute("DELETE FROM messages WHERE conversation_id=? AND position>=?", (conversation_id, row[0]))
 
     # export
     def export_json(self, conversation_id: int, path: Path) -> None:

@@ -1,11 +1,7 @@
-"""Loading a model pair off the GUI thread, with progress, cancellation and errors as signals."""
+"""Loading a model pair off the GUI thread (as an app.worker job), with progress and cancellation."""
 from __future__ import annotations
 
-import threading
-import traceback
 from typing import Callable
-
-from PySide6.QtCore import QObject, Signal
 
 from app.settings import CUSTOM_PAIR, PairChoice
 
@@ -26,40 +22,20 @@ def load_backends(choice: PairChoice, progress: Progress) -> tuple[object, objec
     return models.load_pair(choice.name, backend=choice.backend, device=choice.device, progress=progress)
 
 
-class ModelLoader(QObject):
-    """Loads one pair on a QThread (start it with app.worker.start_worker); every payload reaches the GUI queued."""
+def load_job(choice: PairChoice, load: Callable[[PairChoice, Progress], tuple] | None = None):
+    """A worker job that loads ``choice``, pushing ``(fraction, message)`` items, abandoned at the next progress
+    report once cancelled."""
+    load = load or load_backends
 
-    progress = Signal(float, str)   # fraction in [0, 1], message
-    finished = Signal(object)       # (choice, (target, draft))
-    failed = Signal(str)            # also ends the thread after a cancel (the window knows it asked)
+    def job(push, cancel):
+        def report(message: str, fraction: float) -> None:
+            if cancel.is_set():
+                raise LoadCancelled("loading cancelled")
+            push((float(fraction), str(message)))
 
-    def __init__(self, choice: PairChoice, load: Callable[[PairChoice, Progress], tuple] = load_backends) -> None:
-        super().__init__()
-        self.choice = choice
-        self._load = load
-        self._cancel = threading.Event()
+        pair = load(choice, report)
+        if cancel.is_set():
+            raise LoadCancelled("loading cancelled")
+        return tuple(pair)
 
-    @property
-    def is_cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def cancel(self) -> None:
-        """Abandon the load at its next progress report."""
-        self._cancel.set()
-
-    def _report(self, message: str, fraction: float) -> None:
-        if self._cancel.is_set():
-            raise LoadCancelled()
-        self.progress.emit(float(fraction), str(message))
-
-    def run(self) -> None:
-        try:
-            pair = self._load(self.choice, self._report)
-            if self._cancel.is_set():
-                raise LoadCancelled()
-            self.finished.emit((self.choice, tuple(pair)))
-        except LoadCancelled:
-            self.failed.emit("loading cancelled")
-        except Exception as exc:  # any load failure becomes a dialog, never a crash
-            traceback.print_exc()
-            self.failed.emit(f"Could not load the {self.choice.label} model pair: {exc}")
+    return job

@@ -1,21 +1,37 @@
-"""The message list: one card per message with its rendered text, actions (copy, edit, regenerate) and stats."""
+"""One message card: role, actions (copy, edit, regenerate), the rendered text and the answer's stats line."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+import math
+
+from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QTextBrowser, QToolButton, QVBoxLayout, QWidget
 
 from app.chat.history import Message
-from app.chat.render import COPY_SCHEME, Rendered, document_style, paint_origins, render_markdown
+from app.chat.message_document import MessageDocument, tinted_text
+from app.chat.render import COPY_SCHEME
 from app.chat.stats import format_stats
 from app.theme import Theme
 
 BUSY_REASON = "Cannot do this while the model is generating: press Stop (Esc) first"
+LOADING_REASON = "Waiting for the models to load"
+EDIT_TIP = "Edit this message and resend it"
+REGENERATE_TIP = "Discard this answer and generate a new one"
+MARGINS = (14, 8, 14, 10)  # left, top, right, bottom
+SPACING = 4
 
 
-class AutoHeightBrowser(QTextBrowser):
-    """A read-only rich-text view as tall as its document, so the list scrolls rather than each message."""
+def status_line(message: Message, streaming: bool) -> str:
+    """The line under a message: an answer's stats, and a note while it streams or when it never finished."""
+    status = format_stats(message.stats) if message.stats else ""
+    if not message.complete:
+        note = "generating…" if streaming else "interrupted: the app closed before this answer finished"
+        status = f"{status}  ·  {note}" if status else note
+    return status
+
+
+class MessageBody(QTextBrowser):
+    """The rendered text: selectable, with links; as tall as the card makes it, never scrolling on its own."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -23,64 +39,58 @@ class AutoHeightBrowser(QTextBrowser):
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
-        self.document().setDocumentMargin(2)
-        self.document().documentLayout().documentSizeChanged.connect(self._fit)
 
-    def _fit(self, *_) -> None:
-        self.document().setTextWidth(self.viewport().width())
-        self.setFixedHeight(int(self.document().size().height()) + 4)
-
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        self._fit()
+    def wheelEvent(self, event) -> None:
+        event.ignore()  # the wheel goes on to the transcript: a message never scrolls, nor zooms (its height is fixed)
 
 
 class MessageCard(QFrame):
-    """One message: role, actions, rendered source text, and the answer's stats."""
+    """Message ``index`` of a transcript. The transcript sets its geometry from ``fit``."""
 
-    edit_requested = Signal(object)        # Message
-    regenerate_requested = Signal(object)  # Message
+    edit_requested = Signal(int)
+    regenerate_requested = Signal(int)
+    copied = Signal(str)
 
-    def __init__(self, message: Message, theme: Theme, color_origins: bool, parent: QWidget | None = None) -> None:
+    def __init__(self, index: int, message: Message, theme: Theme, color_origins: bool,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.index = index
         self.message = message
-        self.theme = theme
-        self.color_origins = color_origins
-        self.rendered = Rendered("", ())
-        self.streaming = False  # True while this answer is being generated (else an incomplete answer was cut off)
+        self.streaming = False
         self.setObjectName("MessageCard")
         self.setProperty("role", message.role)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(14, 8, 14, 10)
-        layout.setSpacing(4)
+        layout.setContentsMargins(*MARGINS)
+        layout.setSpacing(SPACING)
 
-        header = QHBoxLayout()
-        header.setSpacing(2)
+        self._header = QHBoxLayout()
+        self._header.setSpacing(2)
         self.role_label = QLabel("You" if message.role == "user" else "Assistant")
         self.role_label.setObjectName("RoleLabel")
-        header.addWidget(self.role_label)
-        header.addStretch(1)
+        self._header.addWidget(self.role_label)
+        self._header.addStretch(1)
         self.copy_button = self._button("Copy", "Copy the message's text (Markdown source)", self.copy_message)
-        self.edit_button = self._button("Edit", "Edit this message and resend it", self._edit)
-        self.regenerate_button = self._button("Regenerate", "Discard this answer and generate a new one",
-                                              self._regenerate)
+        self.edit_button = self._button("Edit", EDIT_TIP, lambda: self.edit_requested.emit(self.index))
+        self.regenerate_button = self._button("Regenerate", REGENERATE_TIP,
+                                              lambda: self.regenerate_requested.emit(self.index))
         for button in (self.copy_button, self.edit_button, self.regenerate_button):
-            header.addWidget(button)
+            self._header.addWidget(button)
         self.edit_button.setVisible(message.role == "user")
         self.regenerate_button.setVisible(False)
-        layout.addLayout(header)
+        layout.addLayout(self._header)
 
-        self.body = AutoHeightBrowser(self)
+        self.document = MessageDocument(theme, color_origins, self)
+        self.body = MessageBody(self)
+        self.body.setDocument(self.document.document)
         self.body.anchorClicked.connect(self._on_anchor)
         layout.addWidget(self.body)
         self.stats_label = QLabel()
         self.stats_label.setObjectName("StatsLabel")
         self.stats_label.setWordWrap(True)
         self.stats_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.stats_label.setVisible(False)
         layout.addWidget(self.stats_label)
-        self.refresh()
 
     def _button(self, text: str, tip: str, slot) -> QToolButton:
         button = QToolButton(self)
@@ -91,109 +101,68 @@ class MessageCard(QFrame):
         button.clicked.connect(slot)
         return button
 
-    def refresh(self) -> None:
-        """Render the message's current source text (and origins, stats) again."""
-        msg = self.message
-        self.rendered = render_markdown(msg.content, self.theme)
-        doc = self.body.document()
-        doc.setDefaultStyleSheet(document_style(self.theme))
-        self.body.setHtml(self.rendered.html)
-        if self.color_origins and msg.role == "assistant" and msg.origins:
-            paint_origins(doc, msg.content, msg.origins, self.theme["draft_tint"])
-        status = format_stats(msg.stats) if msg.stats else ""
-        if not msg.complete:
-            note = "generating…" if self.streaming else "interrupted: the app closed before this answer finished"
-            status = f"{status}  ·  {note}" if status else note
+    def show_message(self, message: Message, streaming: bool) -> None:
+        """Show ``message`` (a streaming answer that grew: only its open Markdown block is rendered again)."""
+        self.message = message
+        self.streaming = streaming
+        self.document.update(message.content, message.origins, final=not streaming)
+        status = status_line(message, streaming)
         self.stats_label.setText(status)
         self.stats_label.setVisible(bool(status))
 
-    def set_theme(self, theme: Theme, color_origins: bool) -> None:
-        self.theme = theme
-        self.color_origins = color_origins
-        self.refresh()
+    def restyle(self, theme: Theme, color_origins: bool) -> None:
+        self.document.restyle(theme, color_origins)
+        self.show_message(self.message, self.streaming)
 
-    def set_actions(self, busy: bool, last_answer: bool) -> None:
-        """Enable edit/regenerate when they can act; say why when they cannot."""
-        self.regenerate_button.setVisible(self.message.role == "assistant" and last_answer)
-        for button, tip in ((self.edit_button, "Edit this message and resend it"),
-                            (self.regenerate_button, "Discard this answer and generate a new one")):
-            button.setEnabled(not busy)
-            button.setToolTip(BUSY_REASON if busy else tip)
+    def fit(self, width: int) -> int:
+        """Lay the card out ``width`` wide; returns its height."""
+        if self.width() != width:
+            self.resize(width, max(1, self.height()))  # a shown body lays its document out at the new width once
+        self.ensurePolished()
+        self.body.ensurePolished()
+        border = self.contentsMargins()        # the style sheet's border around the card
+        padding = self.body.contentsMargins()  # and its padding around the text
+        left, top, right, bottom = MARGINS
+        inner = width - border.left() - border.right() - left - right
+        doc = self.document.document
+        text_width = inner - padding.left() - padding.right()
+        if doc.textWidth() != text_width:  # not shown yet: the body has not been resized
+            doc.setTextWidth(text_width)
+        body = math.ceil(doc.size().height()) + padding.top() + padding.bottom()
+        self.body.setFixedHeight(body)
+        height = border.top() + top + self._header.sizeHint().height() + SPACING + body + bottom + border.bottom()
+        if self.stats_label.isVisibleTo(self):
+            height += SPACING + self.stats_label.heightForWidth(inner)
+        return height
+
+    def set_actions(self, busy: bool, ready: bool, last: bool) -> None:
+        """Enable edit and regenerate when they can act, else say why; regenerate shows on the last answer only."""
+        self.regenerate_button.setVisible(self.message.role == "assistant" and last)
+        reason = BUSY_REASON if busy else None if ready else LOADING_REASON
+        for button, tip in ((self.edit_button, EDIT_TIP), (self.regenerate_button, REGENERATE_TIP)):
+            button.setEnabled(reason is None)
+            button.setToolTip(reason or tip)
 
     def copy_message(self) -> None:
         """Put the message's source text on the clipboard."""
-        QGuiApplication.clipboard().setText(self.message.content)
+        self._copy(self.message.content)
 
     def copy_code(self, index: int) -> None:
         """Put the source of code block ``index`` on the clipboard."""
-        QGuiApplication.clipboard().setText(self.rendered.code_blocks[index])
+        self._copy(self.document.code(index))
 
-    def _on_anchor(self, url) -> None:
+    def _copy(self, text: str) -> None:
+        QGuiApplication.clipboard().setText(text)
+        self.copied.emit(text)
+
+    def _on_anchor(self, url: QUrl) -> None:
         if url.scheme() == COPY_SCHEME:
             self.copy_code(int(url.path()))
         elif url.scheme() in ("http", "https"):
             QDesktopServices.openUrl(url)
 
-    def _edit(self) -> None:
-        self.edit_requested.emit(self.message)
+    def rendered_text(self) -> str:
+        return self.document.document.toPlainText()
 
-    def _regenerate(self) -> None:
-        self.regenerate_requested.emit(self.message)
-
-
-class MessageList(QScrollArea):
-    """The scrolling column of message cards; follows the end while an answer streams if the user is there."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("MessageList")
-        self.setWidgetResizable(True)
-        self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        inner = QWidget()
-        inner.setObjectName("ChatArea")
-        self._layout = QVBoxLayout(inner)
-        self._layout.setContentsMargins(18, 14, 18, 14)
-        self._layout.setSpacing(10)
-        self.hint = QLabel("Ask anything. Enter sends, Shift+Enter adds a line.\n"
-                           "Accepted draft tokens are highlighted as the answer streams.")
-        self.hint.setObjectName("EmptyHint")
-        self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.hint.setContentsMargins(0, 120, 0, 0)
-        self._layout.addWidget(self.hint)
-        self._layout.addStretch(1)
-        self.setWidget(inner)
-        self.cards: list[MessageCard] = []
-        self._follow = True
-        self.verticalScrollBar().rangeChanged.connect(self._on_range)
-        self.verticalScrollBar().valueChanged.connect(self._on_scroll)
-
-    def add(self, card: MessageCard) -> MessageCard:
-        self._layout.insertWidget(self._layout.count() - 1, card)
-        self.cards.append(card)
-        self.hint.setVisible(False)
-        self._follow = True
-        return card
-
-    def clear(self) -> None:
-        for card in self.cards:
-            card.setParent(None)
-            card.deleteLater()
-        self.cards = []
-        self.hint.setVisible(True)
-
-    def remove_from(self, index: int) -> None:
-        """Remove the cards from ``index`` on."""
-        for card in self.cards[index:]:
-            card.setParent(None)
-            card.deleteLater()
-        self.cards = self.cards[:index]
-        self.hint.setVisible(not self.cards)
-
-    def _on_scroll(self, value: int) -> None:
-        bar = self.verticalScrollBar()
-        self._follow = value >= bar.maximum() - 8
-
-    def _on_range(self, _lo: int, hi: int) -> None:
-        if self._follow:
-            QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
+    def tinted_text(self) -> str:
+        return tinted_text(self.document.document)

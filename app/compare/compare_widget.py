@@ -1,6 +1,6 @@
 """Compare mode: one prompt decoded by Baseline, then by the chosen strategy, raced side by side.
 
-The two runs go one after the other on the same worker machinery as the chat (app.worker), then both recordings are
+The two runs go one after the other on the same thread helper as the chat (app.worker), then both recordings are
 replayed on a shared clock at their engine timestamps, so the panes race as they would have run, and the verdict
 (speedup, tokens/s, time to first token, greedy identity) and a "fastest" badge appear.
 """
@@ -18,7 +18,10 @@ from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QProgressBa
 
 from app.compare.race import RaceSummary, RunReplay, summarize
 from app.viz.plots import BASE_COLOUR, LEGEND_BRUSH, SPEC_COLOUR
-from app.worker import EngineWorker, start_worker
+from app.chat.message_view import BUSY_REASON
+from app.worker import EngineRun
+from core.auto import Auto
+from core.context import fit_chat
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult, Origin, StopReason
@@ -194,19 +197,12 @@ class CompareWidget(QWidget):
         self._timer.setInterval(int(1000 / REPLAY_HZ))
         self._timer.timeout.connect(self._tick)
         self._wall0 = 0.0
-        self._queue: list[object] = []
-        self._results: list[tuple[str, GenerationResult]] = []
-        self._worker: EngineWorker | None = None
-        self._thread = None
-        self._prompt: list[int] = []
-        self._running_label = ""
-        self._contender = None
-        self._max_new = 0
+        self._run: EngineRun | None = None
 
     # -- running ---------------------------------------------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self._worker is not None
+        return self._run is not None
 
     def start(self, prompt_ids: Sequence[int], strategy, max_new_tokens: int = 128) -> None:
         """Decode ``prompt_ids`` with Baseline, then with ``strategy``, then race the recordings."""
@@ -221,77 +217,56 @@ class CompareWidget(QWidget):
         self.verdict.setText("")
         self.replay_button.setEnabled(False)
         self.left.reset("Baseline")
-        self.right.reset(getattr(strategy, "label", "Speculative"))
-        self._prompt, self._max_new = list(prompt_ids), max_new_tokens
-        self._contender = strategy
-        self._queue = [Baseline(), strategy]
-        self._results = []
-        self._next_run()
+        self.right.reset(strategy.label)
+        prompt, make = list(prompt_ids), self._make_engine
+
+        def job(push, cancel):
+            # a 2-token decode with the contender first touches both models, so the baseline does not pay the
+            # one-off warm-up alone; then the two runs, one after the other on the same device
+            make(strategy).generate(prompt, 2, cancel)
+            results = []
+            for s in (Baseline(), strategy):
+                engine = make(s)
+                for event in engine.stream(prompt, max_new_tokens, cancel):
+                    push((len(results) + 1, s.label, event.stats.new_tokens))
+                if engine.last_result.stop_reason == StopReason.CANCELLED:
+                    return None
+                results.append((s.label, engine.last_result))
+            return results
+
+        self._run = EngineRun(job, self)
+        self._run.frame.connect(self._on_progress)
+        self._run.finished.connect(self._on_runs_done)
+        self._run.failed.connect(self._on_failed)
+        self.stop_button.setEnabled(True)
+        self.status.setText("Run 1 of 2: decoding with Baseline (runs go one after the other on the same device, "
+                            "then race on the recorded timestamps)\u2026")
+        self._run.start()
 
     def stop(self, wait: bool = False) -> None:
-        """Cancel the run in progress (the race is then abandoned) or stop the replay.
-
-        ``wait`` blocks until the worker thread has ended (the engine checks between steps), before closing.
-        """
-        if self._worker is not None:
-            self._queue = []
-            self._worker.cancel()
+        """Cancel the run in progress (the race is then abandoned) or stop the replay; ``wait`` blocks until the
+        worker thread has ended (the engine checks between steps), before closing."""
+        if self._run is not None:
+            self._run.cancel()
             if wait:
-                self._join_thread()
+                self._run.wait()
         self._timer.stop()
 
     def closeEvent(self, event) -> None:
         self.stop(wait=True)
         super().closeEvent(event)
 
-    def _next_run(self) -> None:
-        strategy = self._queue.pop(0)
-        label = strategy.label
-        n = len(self._results) + 1
-        self.status.setText(f"Run {n} of 2: decoding with {label} (runs go one after the other on the same "
-                            "device, then race on the recorded timestamps)\u2026")
-        self.stop_button.setEnabled(True)
-        build = self._warm_then_make if not self._results else self._make_engine
-        self._worker = EngineWorker(lambda s=strategy: build(s), self._prompt, self._max_new)
-        self._running_label = label
-        # explicitly queued: PySide6 calls a plain Python method in the emitting (worker) thread otherwise
-        queued = Qt.ConnectionType.QueuedConnection
-        self._worker.step.connect(self._on_progress, queued)
-        self._worker.finished.connect(self._on_run_done, queued)
-        self._worker.failed.connect(self._on_failed, queued)
-        self._thread = start_worker(self._worker, self)
+    def _on_progress(self, items: tuple) -> None:
+        run, label, tokens = items[-1]
+        self.status.setText(f"Run {run} of 2: {label}, {tokens} tokens so far\u2026")
 
-    def _warm_then_make(self, strategy) -> object:
-        # Runs on the worker thread before the first timed run: a 2-token decode with the contender touches both
-        # models, so the baseline does not pay the one-off warm-up (allocations, caches) alone.
-        self._make_engine(self._contender).generate(self._prompt, 2)
-        return self._make_engine(strategy)
-
-    def _on_progress(self, event) -> None:
-        n = len(self._results) + 1
-        self.status.setText(f"Run {n} of 2: {event.strategy}, {event.stats.new_tokens} tokens so far\u2026")
-
-    def _join_thread(self) -> None:
-        # the worker's last act was to emit; let its thread end before another starts or this widget goes away
-        if self._thread is not None:
-            self._thread.quit()   # its event loop ends at once, even if the queued quit has not been delivered yet
-            self._thread.wait()
-            self._thread = None
-
-    def _on_run_done(self, result: GenerationResult) -> None:
-        label = self._running_label
-        self._worker = None
-        self._join_thread()
+    def _on_runs_done(self, results) -> None:
+        self._run = None
         self.stop_button.setEnabled(False)
-        if result.stop_reason == StopReason.CANCELLED:
-            self._queue = []
+        if results is None:
             self.status.setText("Race stopped.")
             return
-        self._results.append((label, result))
-        if self._queue:
-            self._next_run()
-            return
-        (base_label, base), (other_label, other) = self._results
+        (base_label, base), (other_label, other) = results
         self.show_results(base_label, base, other_label, other)
 
     def show_results(self, baseline_label: str, baseline: GenerationResult, other_label: str,
@@ -305,9 +280,7 @@ class CompareWidget(QWidget):
         self.replay()
 
     def _on_failed(self, message: str) -> None:
-        self._worker = None
-        self._join_thread()
-        self._queue = []
+        self._run = None
         self.stop_button.setEnabled(False)
         self.status.setText(f"The race failed: {message}")
         self.failed.emit(message)
@@ -388,34 +361,48 @@ class CompareDialog(QDialog):
         super().closeEvent(event)
 
 
-def race_from_window(window) -> CompareDialog | None:
-    """Open the race for the main window: its loaded models, its settings' strategy and sampling, and the current
-    chat up to its last user message. Says why in a dialog (and returns None) when it cannot race.
+def open_race(parent: QWidget, session) -> CompareDialog | None:
+    """Open the race for a chat session: its loaded models, the strategy and sampling the chat uses, and the chat up
+    to its last question. Says why in a dialog (and returns None) when it cannot race.
 
-    The window must not be generating: the race decodes on the same models (their caches are not shared safely).
+    Auto races with memory drafts from the chat itself only: its remembered answers include this very question's,
+    which would make the race a replay rather than a decode.
     """
-    if window.backends is None:
-        window.show_message("Race", "Load the models first: the race decodes with the window's model pair.")
+    def refuse(text: str) -> None:
+        session.error.emit("Race", text)
+
+    if session.backends is None or not session.is_warm:
+        refuse("Wait for the models to load: the race decodes with the chat's model pair.")
         return None
-    messages = window.conv.messages if window.conv is not None else []
+    if session.busy:
+        refuse(BUSY_REASON)
+        return None
+    messages = session.conv.messages if session.conv is not None else []
     last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
     if last_user is None:
-        window.show_message("Race", "Send a prompt first: the race decodes the chat's last user message.")
+        refuse("Send a prompt first: the race decodes the chat's last question.")
         return None
     try:
-        sampling = window.settings.sampling()
-        strategy = window.settings.build_strategy()
+        sampling = session.settings.sampling()
+        strategy = session.settings.build_strategy()
     except ValueError as exc:
-        window.show_message("Race", f"Cannot race with these settings: {exc}")
+        refuse(f"Cannot race with these settings: {exc}")
         return None
     if isinstance(strategy, Baseline):
-        window.show_message("Race", "The strategy is Baseline: choose a speculative one in Settings to race it.")
+        refuse("The strategy is Baseline: choose a speculative one in Settings to race it.")
         return None
-    target, draft = window.backends
-    chat = [{"role": "system", "content": window.conv.system_prompt}] if window.conv.system_prompt else []
-    chat += [{"role": m.role, "content": m.content} for m in messages[: last_user + 1]]
+    if isinstance(strategy, Auto):
+        strategy = Auto(use_memory=False)
+    target, draft = session.backends
+    chat = [{"role": m.role, "content": m.content} for m in messages[: last_user + 1]]
+    try:
+        fitted = fit_chat(session.conv.system_prompt, chat, target.apply_chat_template, target.context_length,
+                          session.settings.max_new_tokens)
+    except ValueError as exc:
+        refuse(f"Cannot race this chat: {exc}")
+        return None
     dialog = CompareDialog(lambda s: SpeculativeEngine(target, None if isinstance(s, Baseline) else draft, s,
-                                                       sampling), window)
+                                                       sampling), parent)
     dialog.show()
-    dialog.compare.start(target.apply_chat_template(chat), strategy, window.settings.max_new_tokens)
+    dialog.compare.start(fitted.prompt_ids, strategy, session.settings.max_new_tokens)
     return dialog

@@ -1,18 +1,20 @@
 """The right-hand live panel of the main window: the draft tree with its timeline, the plots, and the planner.
 
-The chat window calls ``on_generation_started``, ``on_step`` and ``on_finished`` (interface fixed). Optional extras:
-``set_strategy`` (before a generation) lets the tree show the planned shape; ``set_plan`` fills the Planner tab.
+The window calls ``on_generation_started``, ``on_steps`` (once per frame) and ``on_finished``; the planned tree shape
+and Auto's plan arrive inside the steps (StepEvent.shape, StepEvent.plan).
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import QLabel, QTabWidget, QVBoxLayout, QWidget
 
-from app.viz.planner_view import PlannerSnapshot, PlannerView
+from app.viz.planner_view import PlannerView
 from app.viz.plots import PlotsWidget
 from app.viz.tree_view import BACKGROUND as TREE_BACKGROUND
 from app.viz.tree_view import CAPTION_COLOUR, TreeReplay
-from core.events import GenerationResult, StepEvent
+from core.events import GenerationResult, PlanEvent, StepEvent
 
 
 def stats_line(event: StepEvent | None, result: GenerationResult | None = None) -> str:
@@ -31,7 +33,11 @@ def stats_line(event: StepEvent | None, result: GenerationResult | None = None) 
 
 
 class VizPanel(QWidget):
-    """Receives the engine's events for the answer being generated and shows them live."""
+    """Receives the engine's events for the answer being generated, a frame at a time, and shows them live.
+
+    Every step is kept (the slider replays any of them); each frame draws only what is visible: the newest tree if
+    the Tree tab shows, the plots if the Plots tab shows, the plan when one arrives.
+    """
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -48,8 +54,6 @@ class VizPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.summary)
         layout.addWidget(self.tabs, 1)
-        self._shape: tuple[int, ...] | None = None
-        self._strategy = None
         self.label = ""
         self._follow_palette()
 
@@ -69,34 +73,31 @@ class VizPanel(QWidget):
         for grid in (self.plots.graphics, self.planner.graphics):
             grid.set_colours(plot_bg, plot_ink)
 
-    def set_strategy(self, strategy) -> None:
-        """The strategy of the next answer; its planned tree shape (``parents``), if any, is drawn faintly."""
-        parents = getattr(strategy, "parents", None)
-        self._shape = tuple(parents) if parents else None
-        self._strategy = strategy
-
-    def set_plan(self, snapshot: PlannerSnapshot) -> None:
+    def set_plan(self, plan: PlanEvent) -> None:
         """Show what the planner measured and chose."""
-        self.planner.show_snapshot(snapshot)
+        self.planner.show_plan(plan)
 
     def on_generation_started(self, strategy_label: str) -> None:
         """A new answer starts: clear the previous one's data."""
         self.label = strategy_label
-        self.tree.reset(self._shape)
+        self.tree.reset()
         self.plots.reset()
         self.summary.setText(f"{strategy_label}: generating\u2026")
 
-    def on_step(self, event: StepEvent) -> None:
-        """One verification step of the current answer."""
-        self.tree.add_step(event)
-        self.plots.add_step(event)
-        self.summary.setText(stats_line(event))
+    def on_steps(self, events: Sequence[StepEvent]) -> None:
+        """The steps of the current answer since the last frame."""
+        if not events:
+            return
+        for event in events:
+            self.plots.add_step(event)
+            if event.plan is not None:
+                self.set_plan(event.plan)
+        self.tree.add_steps(events)
+        self.plots.refresh()
+        self.summary.setText(stats_line(events[-1]))
 
     def on_finished(self, result: GenerationResult) -> None:
         """The answer ended (EOS, limit, cancel)."""
         self.tree.view.finish_animation()  # the answer's last tree stays settled, whenever the window is looked at
         self.plots.refresh()
         self.summary.setText(stats_line(None, result))
-        plan = getattr(self._strategy, "plan", None)  # Auto measured (or loaded) a plan while binding
-        if getattr(plan, "tree", None) is not None and getattr(plan, "acceptance", None):
-            self.set_plan(PlannerSnapshot.from_plan(plan, note="Auto's plan for this pair on this machine"))

@@ -1,12 +1,11 @@
 """What the Sequoia planner saw and chose: the acceptance vector, the DP's best value by tree size and depth, the
 measured verify latencies, the chosen plan, and predicted against realised speedup.
 
-The view takes a plain :class:`PlannerSnapshot`, so it depends on no planner internals; ``from_sequoia`` builds one
-from core.sequoia's table, latencies and plan.
+The view draws a :class:`core.events.PlanEvent` (immutable: Auto sends a new one when it re-plans), so it depends
+on no planner internals and never reads a plan the engine's thread may change.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -15,47 +14,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.viz.plots import PlotGrid
+from core.events import PlanEvent
 
 DEPTH_COLOURS = ["#90caf9", "#64b5f6", "#42a5f5", "#1e88e5", "#1565c0", "#0d47a1", "#311b92", "#1a237e"]
 PLAN_COLOUR = "#e65100"
-
-
-@dataclass(frozen=True)
-class PlannerSnapshot:
-    """Everything the planner view shows, as plain values."""
-
-    acceptance: tuple[float, ...]                 # a_i: rank i child is the accepted one
-    best_value: tuple[tuple[float, ...], ...]     # [d][n] = c(n, d), tokens per call; n = 0 unused
-    verify_seconds: dict[int, float]              # measured target forward of n tokens
-    plan_budget: int                              # tokens per target call, root included
-    plan_depth: int
-    plan_parents: tuple[int, ...]
-    predicted_tokens: float                       # c(n, d) of the plan
-    predicted_speedup: float
-    draft_seconds: dict[int, float] | None = None
-    realised_speedup: float | None = None         # measured, against a baseline run of the same prompt
-    note: str = ""
-
-    @classmethod
-    def from_sequoia(cls, table, latencies, plan, realised_speedup: float | None = None,
-                     note: str = "") -> "PlannerSnapshot":
-        """Build from core.sequoia's ``SequoiaTable``, ``Latencies`` and ``TreePlan``."""
-        return cls(tuple(table.acceptance), tuple(tuple(row) for row in table.value), dict(latencies.verify),
-                   plan.budget, plan.depth, tuple(plan.parents), plan.expected_tokens, plan.speedup,
-                   dict(latencies.draft) or None, realised_speedup, note)
-
-    @classmethod
-    def from_plan(cls, plan, realised_speedup: float | None = None, note: str = "") -> "PlannerSnapshot":
-        """Build from core.planner's ``Plan`` (Auto's measurements); it must hold a measured tree."""
-        if plan.tree is None or not plan.acceptance:
-            raise ValueError("this plan has no Sequoia tree (no draft model, or nothing was accepted in calibration)")
-        return cls.from_sequoia(plan.table(), plan.latencies, plan.tree, realised_speedup, note)
-
-    def with_realised(self, speedup: float) -> "PlannerSnapshot":
-        """The same plan with the speedup a race measured."""
-        from dataclasses import replace
-
-        return replace(self, realised_speedup=speedup)
 
 
 def _shape_text(parents: Sequence[int]) -> str:
@@ -117,10 +79,10 @@ class PlannerView(QWidget):
         self.speed_labels = [pg.TextItem(anchor=(0.5, 1.0), color="#222222") for _ in range(2)]
         for label in self.speed_labels:
             self.speed_plot.addItem(label)
-        self.snapshot: PlannerSnapshot | None = None
+        self.snapshot: PlanEvent | None = None
 
-    def show_snapshot(self, snap: PlannerSnapshot) -> None:
-        """Draw ``snap``."""
+    def show_plan(self, snap: PlanEvent) -> None:
+        """Draw a plan."""
         self.snapshot = snap
         a = snap.acceptance
         self.acc_bars.setOpts(x=list(range(1, len(a) + 1)), height=list(a))
@@ -137,7 +99,7 @@ class PlannerView(QWidget):
                                       name=f"d \u2264 {d}")
             self.dp_curves.append(curve)
         self.dp_plan.setData([snap.plan_budget], [snap.predicted_tokens])
-        top = max(max(row[1:], default=1.0) for row in snap.best_value)
+        top = max((max(row[1:], default=1.0) for row in snap.best_value), default=1.0)
         self.dp_plot.setYRange(0, top * 1.08, padding=0)
         self.dp_plan.setZValue(10)
         sizes = sorted(snap.verify_seconds)
@@ -153,8 +115,9 @@ class PlannerView(QWidget):
         self.speed_plot.setYRange(0, max(heights + [1.0]) * 1.18, padding=0)
         realised = (f"realised <b>{snap.realised_speedup:.2f}\u00d7</b>" if snap.realised_speedup is not None
                     else "realised: not raced yet (open Compare)")
-        verdict = ("plain decoding is faster here: the planner should not speculate"
-                   if snap.predicted_speedup < 1.0 else "")
+        verdict = ("the draft model's tree does not pay here: it stays idle" if snap.plan_parents and
+                   snap.predicted_speedup < 1.0 else "no draft-model tree: memory drafts only" if not snap.plan_parents
+                   else "")
         self.summary.setText(
             f"<b>Plan</b>: {snap.plan_budget} tokens per call, depth {snap.plan_depth}, level widths "
             f"{_shape_text(snap.plan_parents)}; predicted {snap.predicted_tokens:.2f} tokens per call, "

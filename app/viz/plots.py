@@ -1,21 +1,19 @@
 """Live plots of one answer from engine timestamps: tokens/s over time, tokens per target call, acceptance by depth,
 and the chain theory curve beside the measured mean.
 
-Steps only append to buffers; a QTimer at ``REFRESH_HZ`` pushes them to curves created once (setData), so a fast
-engine never makes the GUI redraw per step.
+Steps only append to buffers; the panel pushes them to curves created once (setData) once per frame, and only while
+the plots are visible, so a fast engine never makes the GUI redraw per step.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from core.events import StepEvent
 
 pg.setConfigOptions(antialias=True, background="w", foreground="#333333")
 
-REFRESH_HZ = 25
 SPEC_COLOUR = "#1a56db"
 BASE_COLOUR = "#757575"
 BAR_COLOUR = "#1e8e3e"
@@ -148,10 +146,6 @@ class PlotsWidget(QWidget):
         self.accept_rate: float | None = None
         self.tokens_per_call = 0.0
         self._dirty = False
-        self.timer = QTimer(self)
-        self.timer.setInterval(int(1000 / REFRESH_HZ))
-        self.timer.timeout.connect(self.refresh)
-        self.timer.start()
 
     def reset(self, keep_baseline: bool = False) -> None:
         """Clear the speculative data (and the baseline's unless ``keep_baseline``)."""
@@ -182,9 +176,13 @@ class PlotsWidget(QWidget):
             self.base.append(event.timestamp, event.stats.tokens_per_second)
         self._dirty = True
 
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self.refresh()
+
     def refresh(self) -> None:
-        """Push buffered data to the plots (the timer calls this; cheap when nothing changed)."""
-        if not self._dirty:
+        """Push buffered data to the plots (once per frame while visible; cheap when nothing changed)."""
+        if not self._dirty or not self.isVisible():
             return
         self._dirty = False
         self.spec_curve.setData(self.spec.x, self.spec.y)

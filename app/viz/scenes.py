@@ -1,6 +1,6 @@
 """Scenes of the live view and the race for `speclens screenshot` (registered in app/screenshots.py).
 
-Each scene takes the screenshot command's context, uses the pair its main window loaded (``ctx.window().backends``),
+Each scene takes the screenshot command's context, uses the pair its main window loaded (``ctx.window().session.backends``),
 decodes a real prompt, and returns the widget to grab. Nothing is faked: the numbers in the pictures are this
 machine's, from the engine's timestamps.
 """
@@ -10,14 +10,21 @@ from PySide6.QtWidgets import QWidget
 
 from app.compare.compare_widget import CompareWidget
 from app.viz.panel import VizPanel
-from app.viz.planner_view import PlannerSnapshot
 from app.viz.tree_layout import explain_node
+from core.auto import Auto, get_plan
 from core.drafting import Baseline, Chain, Tree
 from core.engine import SpeculativeEngine
 from core.events import Fate, GenerationResult, StepEvent
 from core.sampling import SamplingParams
 
 PROMPT = "Write a Python function is_palindrome(s) that ignores case and punctuation. Keep it short."
+# an edit: the answer copies most of the question, which is where drafting from memory pays on a CPU
+EDIT_PROMPT = ("Add type hints to this function and return the whole function:\n\n```python\n"
+               "def merge_sorted(left, right):\n    result = []\n    i = j = 0\n"
+               "    while i < len(left) and j < len(right):\n        if left[i] <= right[j]:\n"
+               "            result.append(left[i])\n            i += 1\n        else:\n"
+               "            result.append(right[j])\n            j += 1\n    result.extend(left[i:])\n"
+               "    result.extend(right[j:])\n    return result\n```")
 PANEL_SIZE = (1100, 720)
 RACE_SIZE = (1200, 760)
 
@@ -42,10 +49,8 @@ def warm_up(pair) -> None:
 
 def feed(panel: VizPanel, strategy, result: GenerationResult) -> None:
     """Play a recorded run into the panel as the chat window would, live."""
-    panel.set_strategy(strategy)
     panel.on_generation_started(strategy.label)
-    for event in result.steps:
-        panel.on_step(event)
+    panel.on_steps(result.steps)
     panel.on_finished(result)
 
 
@@ -60,7 +65,7 @@ def telling_step(steps: tuple[StepEvent, ...]) -> int:
 
 def scene_tree(ctx) -> QWidget:
     """The live panel's Tree tab on a Sequoia tree sampled at temperature 0.7, with a rejected node explained."""
-    pair = ctx.window().backends
+    pair = ctx.window().session.backends
     warm_up(pair)
     strategy = Tree.sequoia(budget=12, max_depth=4)
     result = record(pair, strategy, SamplingParams(temperature=0.7, seed=7), 64)
@@ -77,13 +82,13 @@ def scene_tree(ctx) -> QWidget:
 
 
 def scene_plots(ctx) -> QWidget:
-    """The Plots tab after a greedy Chain(4) answer, with the baseline's speed on the same axes."""
-    pair = ctx.window().backends
+    """The Plots tab after a greedy Auto answer to an edit, with the baseline's speed on the same axes."""
+    pair = ctx.window().session.backends
     warm_up(pair)
-    strategy = Chain(4)
+    strategy = Auto(use_memory=False)
     greedy = SamplingParams(temperature=0.0)
-    baseline = record(pair, Baseline(), greedy, 96)
-    result = record(pair, strategy, greedy, 96)
+    baseline = record(pair, Baseline(), greedy, 160, EDIT_PROMPT)
+    result = record(pair, strategy, greedy, 160, EDIT_PROMPT)
     panel = VizPanel()
     panel.resize(*PANEL_SIZE)
     feed(panel, strategy, result)
@@ -95,15 +100,16 @@ def scene_plots(ctx) -> QWidget:
 
 
 def scene_race(ctx) -> QWidget:
-    """Baseline against Chain(4), greedy, raced on the recorded engine timestamps, at the finish."""
-    pair = ctx.window().backends
+    """Baseline against Auto (what the chat uses), greedy, on an edit, raced on the recorded engine timestamps."""
+    pair = ctx.window().session.backends
     warm_up(pair)
     greedy = SamplingParams(temperature=0.0)
-    baseline = record(pair, Baseline(), greedy, 80)
-    other = record(pair, Chain(4), greedy, 80)
-    widget = CompareWidget(lambda strategy: SpeculativeEngine(pair[0], pair[1], strategy, greedy))
+    strategy = Auto(use_memory=False)
+    baseline = record(pair, Baseline(), greedy, 160, EDIT_PROMPT)
+    other = record(pair, strategy, greedy, 160, EDIT_PROMPT)
+    widget = CompareWidget(lambda s: SpeculativeEngine(pair[0], pair[1], s, greedy))
     widget.resize(*RACE_SIZE)
-    widget.show_results("Baseline", baseline, "Chain(4)", other)
+    widget.show_results("Baseline", baseline, strategy.label, other)
     widget.finish_replay()
     return widget
 
@@ -112,9 +118,7 @@ def scene_planner(ctx) -> QWidget:
     """The Planner tab: Auto's plan for this pair and machine (acceptance on calibration prompts, latencies, the DP
     and the chosen tree; cached as Auto uses it, measured when missing) and the speedup it predicted against the one
     a run of the demo prompt realised."""
-    from core.planner import get_plan
-
-    pair = ctx.window().backends
+    pair = ctx.window().session.backends
     warm_up(pair)
     greedy = SamplingParams(temperature=0.0)
     plan = get_plan(pair[0], pair[1], greedy)
@@ -128,7 +132,7 @@ def scene_planner(ctx) -> QWidget:
             "tokens/s of this tree over Baseline's on the demo prompt (48 tokens, greedy, one after the other)")
     panel = VizPanel()
     panel.resize(*PANEL_SIZE)
-    panel.set_plan(PlannerSnapshot.from_plan(plan, realised, note))
+    panel.set_plan(plan.to_event(note).with_realised(realised))
     feed(panel, strategy, planned)
     panel.tabs.setCurrentWidget(panel.planner)
     return panel

@@ -39,6 +39,16 @@ def visible_token(text: str, limit: int = MAX_LABEL) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "\u2026"
 
 
+END_MARK = "\u23f9"   # a control token (end of text) is drawn as a marked box, never as its name's text
+
+
+def token_label(text: str, special: str = "", limit: int = MAX_LABEL) -> str:
+    """A box's label: the visible text, or for a control token a marked end-of-text label."""
+    if special:
+        return f"{END_MARK} end" if "end" in special.lower() or "eot" in special.lower() else f"{END_MARK} control"
+    return visible_token(text, limit)
+
+
 @dataclass(frozen=True)
 class Box:
     """One box of the drawing. ``key`` stays the same for the same slot from step to step (for the animation)."""
@@ -74,11 +84,6 @@ def match_planned_slots(nodes: Sequence[NodeInfo], shape: Sequence[int]) -> dict
     return slot_of
 
 
-def _is_greedy(event: StepEvent) -> bool:
-    # the engine reports top-2 margins only for greedy decoding
-    return bool(event.margins)
-
-
 def _accepted_child(nodes: Sequence[NodeInfo], parent: int) -> NodeInfo | None:
     return next((n for n in nodes if n.parent == parent and n.fate == Fate.ACCEPTED), None)
 
@@ -89,9 +94,9 @@ def _fmt(v: float | None) -> str:
 
 def explain_node(node: NodeInfo, event: StepEvent) -> str:
     """Why this drafted node was accepted, rejected or never tested, in words (shown on hover and click)."""
-    head = (f"token {visible_token(node.text, 40)!s} (id {node.token}), depth {node.depth}"
+    head = (f"token {token_label(node.text, node.special, 40)!s} (id {node.token}), depth {node.depth}"
             + (f", drafted by {node.source}" if node.source else ""))
-    greedy = _is_greedy(event)
+    greedy = event.greedy
     if greedy:
         probs = (f"p (target softmax) = {_fmt(node.p)}   q = 1: a greedy draft proposes its top tokens, "
                  "declared deterministic")
@@ -127,9 +132,10 @@ def explain_node(node: NodeInfo, event: StepEvent) -> str:
 def explain_extra(event: StepEvent) -> str:
     """The correction or bonus token at the end of a step, in words."""
     text = event.token_texts[-1] if event.token_texts else ""
+    special = event.specials[-1] if event.specials else ""
     token = event.tokens[-1] if event.tokens else None
-    head = f"token {visible_token(text, 40)} (id {token}), emitted by the target"
-    greedy = _is_greedy(event)
+    head = f"token {token_label(text, special, 40)} (id {token}), emitted by the target"
+    greedy = event.greedy
     if event.origins and event.origins[-1] == Origin.BONUS:
         why = ("bonus: every drafted token on the path was accepted, so the target's distribution at the leaf gives "
                "one more token for free" + (" (its argmax)" if greedy else " (sampled from p)"))
@@ -172,25 +178,24 @@ def _tidy_x(children: dict[str, list[str]], root: str) -> dict[str, float]:
     return xs
 
 
-def layout_step(event: StepEvent, shape: Sequence[int] | None = None, root_text: str = "") -> list[Box]:
-    """The boxes for one step: root, drafted nodes, the target's extra token, and planned-but-undrafted slots.
-
-    ``shape`` is the strategy's planned tree (parent indices) when it has one; ``root_text`` the last committed token.
-    """
+def layout_step(event: StepEvent) -> list[Box]:
+    """The boxes for one step: root, drafted nodes, the target's extra token, and the planned-but-undrafted slots of
+    the shape the step drafted from (``event.shape``)."""
     nodes = event.nodes
+    shape, root_text = event.shape, event.root_text
     slot_of = match_planned_slots(nodes, shape) if shape else {}
     if shape and len(slot_of) < len(nodes):
         shape, slot_of = None, {}  # another drafter made this tree (Auto's n-gram chain): the plan does not apply
     # keys follow planned slots when there is a plan, so a node keeps its place from step to step
     key_of = {n.index: (f"s{slot_of[n.index]}" if n.index in slot_of else f"n{n.index}") for n in nodes}
     on_path = set(event.accepted_path)
-    greedy = _is_greedy(event)
+    greedy = event.greedy
     entries: list[tuple[str, str, str, str | None, int, str, bool, str]] = [
         ("root", ROOT, visible_token(root_text) if root_text else "prompt", None, 0,
          "the last committed token: every drafted node continues from here", True, "")]
     for n in nodes:
         parent_key = "root" if n.parent < 0 else key_of[n.parent]
-        entries.append((key_of[n.index], n.fate.value, visible_token(n.text), parent_key, n.depth,
+        entries.append((key_of[n.index], n.fate.value, token_label(n.text, n.special), parent_key, n.depth,
                         explain_node(n, event), n.index in on_path, caption(n, greedy)))
     if shape:
         depths: list[int] = []
@@ -206,7 +211,9 @@ def layout_step(event: StepEvent, shape: Sequence[int] | None = None, root_text:
         last = event.accepted_path[-1] if event.accepted_path else -1
         parent_key = "root" if last < 0 else key_of[last]
         depth = 1 + next((n.depth for n in nodes if n.index == last), 0)
-        entries.append(("extra", event.origins[-1].value, visible_token(event.token_texts[-1]), parent_key, depth,
+        entries.append(("extra", event.origins[-1].value,
+                        token_label(event.token_texts[-1], event.specials[-1] if event.specials else ""), parent_key,
+                        depth,
                         explain_extra(event), True, event.origins[-1].value))
     children: dict[str, list[str]] = {}
     for key, _, _, parent_key, *_ in entries:

@@ -132,13 +132,12 @@ class TreeView(QGraphicsView):
         self._anim.finished.connect(self._settle)
 
     # -- public -----------------------------------------------------------------------------------------------
-    def show_step(self, event: StepEvent, shape: Sequence[int] | None = None, root_text: str = "",
-                  animate: bool = True) -> None:
+    def show_step(self, event: StepEvent, animate: bool = True) -> None:
         """Draw ``event``'s tree; boxes that keep their slot glide to their new place, new ones grow in."""
         self._anim.stop()
         self._settle()
         self.event = event
-        self.boxes = tl.layout_step(event, shape, root_text)
+        self.boxes = tl.layout_step(event)
         goal = {b.key: QPointF(b.x * SLOT_W, b.depth * LEVEL_H) for b in self.boxes}
         old = {k: item.pos() for k, item in self._items.items()}
         for key in [k for k in self._items if k not in goal]:
@@ -312,6 +311,9 @@ class TreeReplay(QWidget):
     """The tree view with a timeline slider over the answer's steps, a step caption, a legend and a details line.
 
     While the slider sits at the last step it follows new steps live; moved back, it replays that step and stays.
+    Live steps arrive a frame at a time: only the newest of a frame is drawn, without animation (an animation runs
+    at 60 redraws a second, which a decode on the same two cores would pay for), and only while the view is visible;
+    a hidden view draws the newest step when it is shown. The slider replays with animation.
     """
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -342,14 +344,14 @@ class TreeReplay(QWidget):
         layout.addWidget(self.legend)
         layout.addWidget(self.details)
         self.events: list[StepEvent] = []
-        self.shape: tuple[int, ...] | None = None
+        self._stale = False          # a step arrived while hidden: draw it when shown
         self.slider.valueChanged.connect(self._on_slider)
         self.view.nodeSelected.connect(self.details.setText)
 
-    def reset(self, shape: Sequence[int] | None = None) -> None:
-        """A new answer: forget past steps; ``shape`` is the planned tree (parents) when the strategy has one."""
+    def reset(self) -> None:
+        """A new answer: forget past steps."""
         self.events = []
-        self.shape = tuple(shape) if shape else None
+        self._stale = False
         self.view.clear()
         self.slider.blockSignals(True)
         self.slider.setRange(0, 0)
@@ -357,28 +359,36 @@ class TreeReplay(QWidget):
         self.slider.blockSignals(False)
         self.step_label.setText("step -/-")
 
-    def add_step(self, event: StepEvent) -> None:
-        """Record a live step; show it if the slider is following the newest step."""
+    def add_steps(self, events: Sequence[StepEvent]) -> None:
+        """Record live steps (a frame's worth); show the newest if the slider follows and the view is visible."""
+        if not events:
+            return
         following = not self.events or self.slider.value() == len(self.events) - 1
-        self.events.append(event)
+        self.events.extend(events)
         self.slider.blockSignals(True)
         self.slider.setRange(0, len(self.events) - 1)
         self.slider.setEnabled(len(self.events) > 1)
         if following:
             self.slider.setValue(len(self.events) - 1)
         self.slider.blockSignals(False)
-        if following:
-            self.show_index(len(self.events) - 1)
-        else:
+        if not following:
             self._update_label(self.slider.value())
+        elif self.isVisible():
+            self.show_index(len(self.events) - 1, animate=False)
+        else:
+            self._stale = True
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._stale and self.events:
+            self.show_index(self.slider.value(), animate=False)
 
     def show_index(self, i: int, animate: bool = True) -> None:
         """Draw step ``i`` of the answer (0-based)."""
         if not 0 <= i < len(self.events):
             raise IndexError(f"step {i} does not exist: the answer has {len(self.events)} steps")
-        event = self.events[i]
-        root = self.events[i - 1].token_texts[-1] if i > 0 and self.events[i - 1].token_texts else ""
-        self.view.show_step(event, self.shape, root, animate)
+        self._stale = False
+        self.view.show_step(self.events[i], animate)
         if self.slider.value() != i:
             self.slider.blockSignals(True)
             self.slider.setValue(i)

@@ -6,8 +6,13 @@ from typing import Sequence
 
 import torch
 
-from core.backends.base import BackendError, check_fits, check_tree_call, reusable_prefix, tokenizer_digest
+from core.backends.base import (BackendError, Progress, check_fits, check_tree_call, plain_text_template,
+                                prefill_chunks, reusable_prefix, tokenizer_digest)
 from core.tree import TokenTree
+
+
+# Tokens per prefill forward: Stop is checked between chunks (see core.backends.base.prefill_chunks).
+PREFILL_CHUNK = 256
 
 
 def default_device() -> str:
@@ -34,7 +39,10 @@ class HFBackend:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_length = int(context_length or getattr(config, "max_position_embeddings", 2048))
         self.eos_ids = frozenset(self._eos_ids())
+        self._specials = {int(i): str(t) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
+                          if getattr(t, "special", False)}
         self._text_cache: dict[int, str] = {}
+        self.prefill_chunk = PREFILL_CHUNK
         self.reset()
 
     def _eos_ids(self) -> set[int]:
@@ -49,27 +57,39 @@ class HFBackend:
 
     # -- tokenizer ---------------------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
+        """Token ids of plain ``text``: special-token text such as ``<|im_end|>`` stays text."""
+        return self._tokenize(text, split_special=True)
+
+    def _tokenize(self, text: str, split_special: bool) -> list[int]:
         if self.tokenizer is None:
             raise BackendError(f"{self.name} has no tokenizer: pass token ids instead of text")
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        # lone surrogates cannot be encoded: they become U+FFFD rather than an error deep in the tokenizer
+        text = text.encode("utf-8", errors="replace").decode("utf-8")
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=split_special)["input_ids"])
 
     def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` as a reader sees it: control tokens render as nothing."""
         if self.tokenizer is None:
             return "".join(f"<{int(i)}>" for i in ids)
         if len(ids) == 1:
             tok = int(ids[0])
             if tok not in self._text_cache:
-                self._text_cache[tok] = self.tokenizer.decode([tok])
+                self._text_cache[tok] = "" if tok in self._specials else self.tokenizer.decode([tok])
             return self._text_cache[tok]
-        return self.tokenizer.decode(list(ids))
+        return self.tokenizer.decode([int(t) for t in ids if int(t) not in self._specials])
+
+    def special_name(self, token: int) -> str | None:
+        return self._specials.get(int(token))
 
     def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise BackendError(f"{self.name} has no chat template")
-        out = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        if hasattr(out, "keys") and "input_ids" in out:
-            out = out["input_ids"]
-        return [int(t) for t in out]
+
+        def render(masked: list[dict]) -> str:
+            return self.tokenizer.apply_chat_template(masked, add_generation_prompt=True, tokenize=False)
+
+        return plain_text_template(messages, render, lambda markup: self._tokenize(markup, split_special=False),
+                                   self.tokenize)
 
     def fingerprint(self) -> str:
         if self.tokenizer is None:
@@ -92,7 +112,7 @@ class HFBackend:
         self._tree: TokenTree | None = None
         self._evaluated = 0
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, ids: Sequence[int], cancel=None, progress: Progress | None = None) -> torch.Tensor:
         ids = [int(t) for t in ids]
         if not ids:
             raise BackendError("prefill needs at least one token")
@@ -102,8 +122,9 @@ class HFBackend:
         if common < len(self._committed):
             self._cache.crop(common - len(self._committed))
             del self._committed[common:]
-        logits = self.forward_tree(TokenTree.chain(ids[common:]))
-        self.commit(list(range(len(ids) - common)))
+        for lo, hi in prefill_chunks(common, len(ids), self.prefill_chunk, cancel, progress):
+            logits = self.forward_tree(TokenTree.chain(ids[lo:hi]))
+            self.commit(list(range(hi - lo)))
         return logits[-1]
 
     def _drop_tree(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -20,11 +21,17 @@ import numpy as np
 import torch
 
 from core.backends.base import (
-    BackendError, ModelLoadError, check_fits, check_tree_call, reusable_prefix, tokenizer_digest,
+    BackendError, LogitRows, ModelLoadError, Progress, check_fits, check_tree_call, plain_text_template,
+    prefill_chunks, reusable_prefix, tokenizer_digest,
 )
 from core.tree import TokenTree
 
 DEFAULT_CONTEXT = 4096
+SEQ_MAX = 64                  # sequence ids per context: the committed one plus one per leaf of a tree
+MAX_TREE_LEAVES = SEQ_MAX - 1
+# Tokens per prefill call: Stop is checked between calls. A 1.5B model on 2 cores prefills ~30-60 tokens/s, so a
+# chunk stays under ~2 s there while batching enough to keep the matrix kernels efficient.
+PREFILL_CHUNK = 64
 GGUF_MAGIC = b"GGUF"
 _COMMITTED_SEQ = 0
 
@@ -85,6 +92,23 @@ def check_gguf_file(path: str | Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ContextTuning:
+    """Context settings a planner may measure and pick (None: llama.cpp's default)."""
+
+    flash_attn: bool | None = None
+    n_threads_batch: int | None = None
+    n_ubatch: int | None = None
+
+    def describe(self) -> str:
+        parts = [f"flash attention {'on' if self.flash_attn else 'off' if self.flash_attn is False else 'auto'}"]
+        if self.n_threads_batch:
+            parts.append(f"{self.n_threads_batch} batch threads")
+        if self.n_ubatch:
+            parts.append(f"micro-batch {self.n_ubatch}")
+        return ", ".join(parts)
+
+
 class LlamaCppBackend:
     """One GGUF model in llama.cpp, implementing the Backend protocol (see core/backends/base.py).
 
@@ -96,7 +120,7 @@ class LlamaCppBackend:
     """
 
     def __init__(self, model_path: str | Path, n_ctx: int | None = DEFAULT_CONTEXT, n_threads: int | None = None,
-                 n_seq_max: int = 64, n_batch: int = 512, device: str | None = None, name: str | None = None,
+                 n_seq_max: int = SEQ_MAX, n_batch: int = 512, device: str | None = None, name: str | None = None,
                  precise: bool = False) -> None:
         import llama_cpp
 
@@ -137,26 +161,12 @@ class LlamaCppBackend:
         self.n_threads = threads
         self.n_seq_max = int(n_seq_max)
         self.n_batch = min(int(n_batch), n_ctx)
+        self.prefill_chunk = min(PREFILL_CHUNK, self.n_batch)
 
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = self.n_batch
-        cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = self.n_seq_max
-        cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.kv_unified = True  # several sequence ids per token need one shared cell pool
-        cparams.no_perf = True
-        if precise:
-            cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            cparams.type_k = cparams.type_v = llama_cpp.GGML_TYPE_F32
-        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            detail = _log_errors() or "out of memory?"
-            self.close()
-            raise ModelLoadError(f"cannot create a llama.cpp context of {n_ctx} tokens for {path.name} ({detail})")
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+        self._precise = precise
         self.context_length = n_ctx
+        self.tuning = ContextTuning()
+        self._make_context(self.tuning)
         self.n_ctx_train = n_ctx_train
 
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -167,6 +177,44 @@ class LlamaCppBackend:
         self._fingerprint: str | None = None
         self.chat_template = self._meta("tokenizer.chat_template")
         self.reset()
+
+    def _make_context(self, tuning: "ContextTuning") -> None:
+        """(Re)create the llama.cpp context, its memory and its batch with ``tuning``; the cache starts empty."""
+        lib = self._lib
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = self.context_length
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = min(tuning.n_ubatch or self.n_batch, self.n_batch)
+        cparams.n_seq_max = self.n_seq_max
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = tuning.n_threads_batch or self.n_threads
+        cparams.kv_unified = True  # several sequence ids per token need one shared cell pool
+        cparams.no_perf = True
+        if tuning.flash_attn is not None:
+            cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if tuning.flash_attn
+                                       else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        if self._precise:
+            cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32
+        self._free_context()
+        _LOG_LINES.clear()
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            detail = _log_errors() or "out of memory?"
+            self.close()
+            raise ModelLoadError(f"cannot create a llama.cpp context of {self.context_length} tokens for "
+                                 f"{self.path.name} ({detail})")
+        self._mem = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+        self._decodes = 0
+        self.tuning = tuning
+
+    def retune(self, tuning: "ContextTuning") -> None:
+        """Recreate the context with other settings that change speed but not what is computed (threads for
+        batches, flash attention, micro-batch size); the cache is dropped."""
+        if tuning != self.tuning:
+            self._make_context(tuning)
+            self.reset()
 
     # -- model facts -------------------------------------------------------------------------------------------
     def _meta(self, key: str) -> str | None:
@@ -195,15 +243,19 @@ class LlamaCppBackend:
 
     # -- tokenizer ---------------------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text``; special-token text such as ``<|im_end|>`` is parsed as the special token."""
-        data = text.encode("utf-8")
+        """Token ids of plain ``text``: special-token text such as ``<|im_end|>`` stays text."""
+        return self._tokenize(text, parse_special=False)
+
+    def _tokenize(self, text: str, parse_special: bool) -> list[int]:
+        # lone surrogates cannot be UTF-8: they become U+FFFD rather than a UnicodeEncodeError
+        data = text.encode("utf-8", errors="replace")
         cap = len(data) + 8
         buf = (self._lib.llama_token * cap)()
-        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, True)
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, parse_special)
         if n < 0:
             cap = -n
             buf = (self._lib.llama_token * cap)()
-            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, True)
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, parse_special)
         if n < 0:
             raise BackendError(f"{self.name}: could not tokenize the text")
         return list(buf[:n])
@@ -211,21 +263,26 @@ class LlamaCppBackend:
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
+            # special=False: a control token's piece is empty, so it never reaches a reader's text
             buf = ctypes.create_string_buffer(64)
-            n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
             piece = self._pieces[token] = buf.raw[:n]
         return piece
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``. Byte-level tokens are joined as bytes first, so a character split over tokens decodes
-        whole; an incomplete character at the end shows as U+FFFD."""
+        """Text of ``ids`` as a reader sees it (control tokens render as nothing). Byte-level tokens are joined as
+        bytes first, so a character split over tokens decodes whole; an incomplete character at the end shows as
+        U+FFFD."""
         for t in ids:
             if not 0 <= int(t) < self.vocab_size:
                 raise BackendError(f"{self.name}: token id {t} is outside the vocabulary of {self.vocab_size}")
         return b"".join(self._piece(int(t)) for t in ids).decode("utf-8", errors="replace")
+
+    def special_name(self, token: int) -> str | None:
+        return self._token_text(token) if self._is_control(token) else None
 
     def _token_text(self, token: int) -> str:
         return self._lib.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
@@ -241,8 +298,8 @@ class LlamaCppBackend:
             tok = int(fn(self._vocab))
             special[key] = self._token_text(tok) if tok >= 0 else ""
         formatter = Jinja2ChatFormatter(self.chat_template, add_generation_prompt=True, **special)
-        prompt = formatter(messages=[dict(m) for m in messages]).prompt
-        return self.tokenize(prompt)
+        return plain_text_template(messages, lambda masked: formatter(messages=masked).prompt,
+                                   lambda markup: self._tokenize(markup, parse_special=True), self.tokenize)
 
     def fingerprint(self) -> str:
         """The backend-independent tokenizer digest (core.backends.base.tokenizer_digest)."""
@@ -273,23 +330,26 @@ class LlamaCppBackend:
         self._seq_end: dict[int, int] = {}           # branch sequence -> the deepest evaluated node on it
 
     def _decode(self, count: int) -> None:
+        self._decodes += 1
         self._batch.n_tokens = count
         rc = self._lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
             reason = {1: "no room left in the KV cache", 2: "aborted"}.get(rc, _log_errors() or f"error {rc}")
             raise BackendError(f"{self.name}: llama_decode failed ({reason})")
 
-    def _logits_rows(self, rows: Sequence[int]) -> torch.Tensor:
-        """Float32 logits (len(rows), V) of the given batch rows of the last decode."""
-        out = np.empty((len(rows), self.vocab_size), dtype=np.float32)
-        for k, i in enumerate(rows):
-            ptr = self._lib.llama_get_logits_ith(self._ctx, i)
-            if not ptr:
-                raise BackendError(f"{self.name}: llama.cpp returned no logits for batch row {i}")
-            out[k] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
-        return torch.from_numpy(out)
+    def _logits_row(self, decode_id: int, i: int) -> torch.Tensor:
+        """Float32 logits of batch row ``i`` of decode number ``decode_id``, copied out of llama.cpp's buffer."""
+        if decode_id != self._decodes:
+            raise BackendError(f"{self.name}: logits of an earlier call were asked for after a later call")
+        ptr = self._lib.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
+            raise BackendError(f"{self.name}: llama.cpp returned no logits for batch row {i}")
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+    def _rows(self, count: int) -> LogitRows:
+        return LogitRows(count, lambda i, d=self._decodes: self._logits_row(d, i))
+
+    def prefill(self, ids: Sequence[int], cancel=None, progress: Progress | None = None) -> torch.Tensor:
         ids = [int(t) for t in ids]
         if not ids:
             raise BackendError("prefill needs at least one token")
@@ -300,19 +360,18 @@ class LlamaCppBackend:
         if common < len(self._committed):
             self._lib.llama_memory_seq_rm(self._mem, _COMMITTED_SEQ, common, -1)
             del self._committed[common:]
-        # only the last position's logits are needed: a long prompt goes in chunks of n_batch without outputs
+        # only the last position's logits are needed; chunks keep Stop responsive during a long prompt
         batch = self._batch
-        for lo in range(common, len(ids), self.n_batch):
-            chunk = ids[lo:lo + self.n_batch]
-            for i, tok in enumerate(chunk):
+        for lo, hi in prefill_chunks(common, len(ids), self.prefill_chunk, cancel, progress):
+            for i, tok in enumerate(ids[lo:hi]):
                 batch.token[i] = tok
                 batch.pos[i] = lo + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = _COMMITTED_SEQ
                 batch.logits[i] = lo + i == len(ids) - 1
-            self._decode(len(chunk))
-            self._committed += chunk
-        return self._logits_rows([len(chunk) - 1])[0]
+            self._decode(hi - lo)
+            self._committed += ids[lo:hi]
+        return self._rows(hi - lo)[hi - lo - 1]
 
     def _branch_seq(self, parent: int, end: int, free: list[int], claimed: set[int]) -> int:
         """A sequence covering the committed prefix and ``parent``'s path (parent -1: the prefix alone).
@@ -380,7 +439,7 @@ class LlamaCppBackend:
             raise
         self._node_seqs += [tuple(seqs[u]) for u in range(start, n)]
         self._evaluated = n
-        return self._logits_rows(range(n - start))
+        return self._rows(n - start)
 
     def commit(self, path: Sequence[int]) -> None:
         path = [int(i) for i in path]
@@ -401,17 +460,19 @@ class LlamaCppBackend:
             self._committed += [tree.tokens[i] for i in path]
         self._clear_tree_state()
 
-    def close(self) -> None:
-        """Free the llama.cpp context and model now (also done when the backend is garbage-collected)."""
-        lib = self._lib
+    def _free_context(self) -> None:
         if self._batch is not None:
-            lib.llama_batch_free(self._batch)
+            self._lib.llama_batch_free(self._batch)
             self._batch = None
         if self._ctx:
-            lib.llama_free(self._ctx)
+            self._lib.llama_free(self._ctx)
             self._ctx = None
+
+    def close(self) -> None:
+        """Free the llama.cpp context and model now (also done when the backend is garbage-collected)."""
+        self._free_context()
         if self._model:
-            lib.llama_model_free(self._model)
+            self._lib.llama_model_free(self._model)
             self._model = None
 
     def __del__(self) -> None:

@@ -1,0 +1,491 @@
+"""ChatSession: the chat without its window — conversation, history writes, models, warm-up and the live answer.
+
+The window only wires widgets to this object's signals and calls its methods; tests drive it directly. All engine
+work (loading, warming, tokenising and templating the chat, decoding) runs on worker threads (app.worker), whose
+output reaches this object at frame rate as immutable data. One guard, :meth:`_is_live`, makes sure a stopped or
+replaced answer's late output never touches the current one.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from app.chat.history import Conversation, HistoryError, HistoryReadOnlyError, HistoryStore, Message, storable
+from app.chat.loader import load_job
+from app.chat.origins import origin_codes
+from app.chat.stats import stats_record
+from app.history_writer import HistoryWriter
+from app.settings import AppSettings, SettingsError, save_settings
+from app.warmup import warm_job
+from app.worker import EngineRun
+from core.context import fit_chat
+from core.engine import SpeculativeEngine
+from core.events import GenerationResult, StepEvent, StopReason
+from core.sampling import SamplingError
+
+log = logging.getLogger(__name__)
+
+TITLE_CHARS = 48
+CLOSE_WAIT_MS = 2500   # a prefill chunk or a step ends well within this, so closing never hangs
+BUSY_REASON = "Cannot do this while the model is generating: press Stop (Esc) first"
+
+
+@dataclass(frozen=True)
+class PromptFitted:
+    """Pushed by an answer's job before decoding: the prompt as sent, and how many messages were left out."""
+
+    tokens: int
+    dropped: int
+    start: int
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    done: int
+    total: int
+
+
+@dataclass
+class _Answer:
+    """The answer being generated."""
+
+    run: EngineRun
+    message: Message
+    question: Message          # the user message it answers (removed again if its prompt cannot fit)
+    strategy: str
+    stopped: bool = False
+
+
+class ChatSession(QObject):
+    """See the module docstring."""
+
+    loading = Signal(float, str)          # fraction, what is being done (models, then warm-up)
+    models_ready = Signal(str)            # a description of the loaded pair
+    models_failed = Signal(str)
+    warm = Signal()                       # warm-up done: answers start at full speed
+    conversations_changed = Signal(list)  # [Conversation] without messages
+    conversation_opened = Signal(object)  # Conversation (with messages) or None for a new chat
+    message_added = Signal(object)        # Message appended to the open conversation
+    messages_removed = Signal(int)        # messages from this index on were removed
+    answer_started = Signal(str)          # the strategy's label
+    answer_frame = Signal(object, tuple)  # (the answer Message, the StepEvents since the last frame)
+    answer_finished = Signal(object, object)  # (Message or None, GenerationResult or None on failure)
+    busy_changed = Signal(bool)
+    notice = Signal(str)                  # a line in the chat (e.g. older messages left out)
+    status = Signal(str)                  # a passing status-bar line
+    error = Signal(str, str)              # title, text: a dialog
+    input_returned = Signal(str)          # text given back to the input box (a message that could not be sent)
+
+    def __init__(self, settings: AppSettings, store: HistoryStore, load=None, persist: bool = True) -> None:
+        super().__init__()
+        self.settings = settings
+        self.store = store
+        self._load = load
+        self._persist = persist
+        self.backends: tuple | None = None
+        self.strategy = None
+        self.is_warm = False
+        self.conv: Conversation | None = None
+        self.answer: _Answer | None = None
+        self._loading: EngineRun | None = None
+        self._warming: EngineRun | None = None
+        self._queued_send: tuple[str, Message | None] | None = None
+        self._starts: dict[int, int] = {}      # conversation id -> first message kept in the prompt (sticky)
+        self._closed = False
+        self._unsaved = 0                      # ids (negative) of conversations a read-only history cannot hold
+        self.writer = HistoryWriter(store, self)
+        self.writer.failed.connect(self.error)
+        self.writer.status.connect(self.status)
+        self.writer.deleted_elsewhere.connect(self._deleted_elsewhere)
+        self.writer.reopened.connect(self._history_reopened)
+
+    # -- models ------------------------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self.answer is not None
+
+    @property
+    def ready(self) -> bool:
+        return self.backends is not None
+
+    def load_models(self) -> None:
+        """Load the pair the settings name on a worker thread, then warm it up; sends wait for both."""
+        try:
+            choice = self.settings.pair_choice()
+        except SettingsError as exc:
+            self.error.emit("Model pair", str(exc))
+            return
+        for run in (self._loading, self._warming):
+            if run is not None:
+                run.cancel()
+        self.backends, self.is_warm, self.strategy = None, False, None
+        run = EngineRun(load_job(choice, self._load), self)
+        run.frame.connect(lambda items: self._progress(items, 0.0, 0.7))
+        run.finished.connect(lambda pair, r=run: self._loaded(r, choice, pair))
+        run.failed.connect(lambda message, r=run: self._load_failed(r, choice, message))
+        self._loading = run
+        run.start()
+        self.loading.emit(0.0, f"Loading {choice.label}")
+
+    def _progress(self, items: tuple, lo: float, hi: float) -> None:
+        fraction, text = items[-1]
+        self.loading.emit(lo + (hi - lo) * fraction, text)
+
+    def _loaded(self, run: EngineRun, choice, pair) -> None:
+        if run is not self._loading or self._closed:
+            return
+        self._loading = None
+        self.backends = tuple(pair)
+        target, draft = self.backends
+        self.models_ready.emit(f"{choice.label} ({target.name} + {draft.name})")
+        self._warm_up()
+
+    def _load_failed(self, run: EngineRun, choice, message: str) -> None:
+        if run is not self._loading or self._closed:
+            return
+        self._loading = None
+        if not run.cancel_event.is_set():
+            self.models_failed.emit(f"Could not load the {choice.label} model pair: {message}")
+
+    def _warm_up(self) -> None:
+        """Measure or load the strategy's plan and run both models at the sizes it uses, so the first answer starts
+        as fast as later ones."""
+        try:
+            self.strategy = self.settings.build_strategy()
+            sampling = self.settings.sampling()
+        except (SettingsError, SamplingError) as exc:
+            self.error.emit("Settings", f"Cannot generate with these settings: {exc}")
+            return
+        run = EngineRun(warm_job(self.backends, self.strategy, sampling), self)
+        run.frame.connect(lambda items: self._progress(items, 0.7, 1.0))
+        run.finished.connect(lambda _, r=run: self._warmed(r))
+        run.failed.connect(lambda message, r=run: self._warm_failed(r, message))
+        self._warming = run
+        run.start()
+
+    def _warmed(self, run: EngineRun) -> None:
+        if run is not self._warming or self._closed:
+            return
+        self._warming = None
+        self.is_warm = True
+        self.loading.emit(1.0, "Ready")
+        self.warm.emit()
+        if self._queued_send is not None:
+            text, replacing = self._queued_send
+            self._queued_send = None
+            self.send(text, replacing)
+
+    def _warm_failed(self, run: EngineRun, message: str) -> None:
+        if run is not self._warming or self._closed:
+            return
+        self._warming = None
+        self.error.emit("Warm-up", f"Measuring this machine for {self.strategy.label} failed: {message}. "
+                                   "Answers still work; the first one may start slower.")
+        self.is_warm = True
+        self.warm.emit()
+
+    # -- settings ----------------------------------------------------------------------------------------------
+    def apply_settings(self, new: AppSettings) -> None:
+        """Use ``new`` settings: persist them; reload the models when the pair changed, re-warm when the strategy
+        or sampling did."""
+        old = self.settings
+        self.settings = new
+        if self._persist:
+            try:
+                save_settings(new)
+            except SettingsError as exc:
+                self.error.emit("Settings", str(exc))
+        try:
+            reload = new.pair_choice() != old.pair_choice() or (self.backends is None and self._loading is None)
+        except SettingsError as exc:
+            self.error.emit("Model pair", str(exc))
+            return
+        if reload:
+            self.stop(wait=True)
+            self.load_models()
+        elif self.backends is not None and _decoding(new) != _decoding(old):
+            self.is_warm = False
+            self._warm_up()
+
+    # -- conversations -----------------------------------------------------------------------------------------
+    def refresh_conversations(self) -> None:
+        try:
+            self.conversations_changed.emit(self.store.conversations())
+        except HistoryError as exc:
+            self.error.emit("Chat history", str(exc))
+
+    def new_chat(self) -> bool:
+        if self.busy:
+            self.status.emit(BUSY_REASON)
+            return False
+        self.conv = None
+        self.conversation_opened.emit(None)
+        self.refresh_conversations()
+        return True
+
+    def open_conversation(self, conversation_id: int) -> bool:
+        if self.busy:
+            self.status.emit(BUSY_REASON)
+            return False
+        self.writer.flush()
+        try:
+            self.conv = self.store.conversation(conversation_id)
+        except HistoryError as exc:
+            self.error.emit("Chat history", f"Could not open the conversation: {exc}")
+            self.refresh_conversations()
+            return False
+        self.conversation_opened.emit(self.conv)
+        return True
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self.writer.run("the new title", lambda: self.store.rename(conversation_id, storable(title)))
+        if self.conv is not None and self.conv.id == conversation_id:
+            self.conv.title = title
+        self.refresh_conversations()
+
+    def delete(self, conversation_id: int) -> bool:
+        """Delete a conversation and its messages (not the one being answered)."""
+        if self.busy and self.conv is not None and self.conv.id == conversation_id:
+            self.status.emit(BUSY_REASON)
+            return False
+        self.writer.run("the deletion", lambda: self.store.delete(conversation_id))
+        if self.conv is not None and self.conv.id == conversation_id:
+            self.conv = None
+            self.conversation_opened.emit(None)
+        self.refresh_conversations()
+        return True
+
+    def export(self, conversation_id: int, fmt: str, path: Path) -> bool:
+        self.writer.flush()
+        try:
+            (self.store.export_json if fmt == "json" else self.store.export_markdown)(conversation_id, Path(path))
+        except (OSError, HistoryError) as exc:
+            self.error.emit("Export", f"Could not export to {path}: {exc}")
+            return False
+        self.status.emit(f"Exported to {path}")
+        return True
+
+    def set_system_prompt(self, text: str) -> None:
+        if self.conv is not None and text != self.conv.system_prompt:
+            self.conv.system_prompt = text
+            cid = self.conv.id
+            self.writer.run("the system prompt", lambda: self.store.set_system_prompt(cid, storable(text)))
+
+    def _deleted_elsewhere(self) -> None:
+        if self.conv is not None:
+            self.error.emit("Chat history", f"The conversation “{self.conv.title}” was deleted in another window; "
+                                            "its messages stay on screen until you switch chats, but no longer save.")
+        self.refresh_conversations()
+
+    def _history_reopened(self, store: HistoryStore) -> None:
+        self.store = store
+        if store.notice:
+            self.error.emit("Chat history", store.notice)
+        self.refresh_conversations()
+
+    # -- sending -----------------------------------------------------------------------------------------------
+    def send(self, text: str, replacing: Message | None = None, system_prompt: str | None = None) -> bool:
+        """Send ``text`` as the user's next message (or in place of ``replacing`` and everything after it) and start
+        the answer. During warm-up the message waits; before the models load it is refused with a reason."""
+        text = storable(text)
+        if not text.strip():
+            return False
+        if self.busy:
+            self.status.emit("An answer is being generated: wait for it or press Esc to stop")
+            return False
+        if self.backends is None:
+            self.status.emit("The models are not loaded yet")
+            return False
+        if not self.is_warm:
+            self._queued_send = (text, replacing)
+            self.status.emit("Warming up the models: your message is sent as soon as they are ready")
+            return True
+        if self.conv is None:
+            if not self._new_conversation(text, storable(system_prompt or "")):
+                self.input_returned.emit(text)
+                return False
+        if replacing is not None:
+            self._truncate_from(replacing)
+        question = Message("user", text)
+        self._append(question)
+        self.refresh_conversations()
+        return self._start_answer(question)
+
+    def _new_conversation(self, text: str, system_prompt: str) -> bool:
+        first_line = text.strip().splitlines()[0]
+        title = first_line[:TITLE_CHARS] + ("…" if len(first_line) > TITLE_CHARS else "")
+        if self.store.read_only:
+            # a read-only history still chats: the conversation lives in the window only (the writer says so once)
+            self._unsaved -= 1
+            self.conv = Conversation(self._unsaved, title, system_prompt)
+        else:
+            try:
+                self.conv = self.store.conversation(self.store.create_conversation(title, system_prompt))
+            except HistoryReadOnlyError:   # found out only now: the store is read-only from here on
+                return self._new_conversation(text, system_prompt)
+            except HistoryError as exc:
+                self.error.emit("Chat history", f"Could not start a conversation: {exc}")
+                return False
+        self.conversation_opened.emit(self.conv)
+        return True
+
+    def regenerate(self) -> bool:
+        """Replace the last answer with a new one."""
+        if self.busy or self.conv is None or self.backends is None or not self.is_warm:
+            return False
+        if not self.conv.messages or self.conv.messages[-1].role != "assistant":
+            return False
+        self._truncate_from(self.conv.messages[-1])
+        return self._start_answer(self.conv.messages[-1])
+
+    def _append(self, message: Message) -> None:
+        self.conv.messages.append(message)
+        cid = self.conv.id
+        self.writer.run("the message", lambda: self.store.add_message(cid, message))
+        self.message_added.emit(message)
+
+    def _truncate_from(self, message: Message) -> None:
+        index = next(i for i, m in enumerate(self.conv.messages) if m is message)
+        del self.conv.messages[index:]
+        cid = self.conv.id
+        if message.id is not None:
+            self.writer.run("the edit", lambda: self.store.delete_messages_from(cid, message.id))
+        self.messages_removed.emit(index)
+
+    def _start_answer(self, question: Message) -> bool:
+        try:
+            sampling = self.settings.sampling()
+        except SamplingError as exc:
+            self.error.emit("Settings", f"Cannot generate with these settings: {exc}")
+            return False
+        target, draft = self.backends
+        conv = self.conv
+        messages = [{"role": m.role, "content": m.content} for m in conv.messages]
+        system, max_new = conv.system_prompt, self.settings.max_new_tokens
+        start = self._starts.get(conv.id, 0)
+        strategy = self.strategy
+
+        def job(push, cancel):
+            # the template and the tokenizer run here, not on the GUI thread
+            fitted = fit_chat(system, messages, target.apply_chat_template, target.context_length, max_new, start)
+            push(PromptFitted(len(fitted.prompt_ids), fitted.dropped, fitted.start))
+            engine = SpeculativeEngine(target, draft, strategy, sampling)
+            for event in engine.stream(fitted.prompt_ids, max_new, cancel,
+                                       progress=lambda done, total: push(PrefillProgress(done, total))):
+                push(event)
+            return engine.last_result
+
+        answer = Message("assistant", "", complete=False)
+        self._append(answer)
+        run = EngineRun(job, self)
+        self.answer = _Answer(run, answer, question, strategy.label)
+        run.frame.connect(lambda items, r=run: self._on_frame(r, items))
+        run.finished.connect(lambda result, r=run: self._on_finished(r, result))
+        run.failed.connect(lambda message, r=run: self._on_failed(r, message))
+        run.start()
+        self.busy_changed.emit(True)
+        self.answer_started.emit(strategy.label)
+        return True
+
+    def stop(self, wait: bool = False) -> None:
+        """Stop the answer at the next prefill chunk or step; what was generated is kept (as incomplete)."""
+        answer = self.answer
+        if answer is None:
+            return
+        answer.stopped = True
+        answer.run.cancel()
+        if wait and not answer.run.wait(CLOSE_WAIT_MS):
+            log.warning("the answer did not stop within %d ms", CLOSE_WAIT_MS)
+
+    # -- the live answer ---------------------------------------------------------------------------------------
+    def _is_live(self, run: EngineRun) -> bool:
+        """Whether output of ``run`` may touch the answer: a stopped-and-replaced answer's late output may not."""
+        return self.answer is not None and self.answer.run is run and not self._closed
+
+    def _on_frame(self, run: EngineRun, items: tuple) -> None:
+        if not self._is_live(run):
+            return
+        answer = self.answer
+        steps = []
+        for item in items:
+            if isinstance(item, StepEvent):
+                steps.append(item)
+            elif isinstance(item, PromptFitted):
+                self._starts[self.conv.id] = item.start
+                if item.dropped:
+                    self.notice.emit(f"The {item.dropped} oldest message{'s' if item.dropped != 1 else ''} of this "
+                                     "chat no longer fit in the model's context and were left out of this answer's "
+                                     "prompt (they stay in the history).")
+            elif isinstance(item, PrefillProgress) and item.total > 256:
+                self.status.emit(f"Reading the prompt: {item.done} of {item.total} tokens (Esc stops)")
+        if not steps:
+            return
+        message = answer.message
+        for event in steps:
+            before = len(message.content)
+            message.content += event.text
+            message.origins += origin_codes(event, before, len(message.content))
+        message.stats = stats_record(steps[-1].stats, answer.strategy, None)
+        self.writer.update(message)
+        self.answer_frame.emit(message, tuple(steps))
+
+    def _on_finished(self, run: EngineRun, result: GenerationResult) -> None:
+        if not self._is_live(run):
+            return
+        answer = self.answer
+        answer.message.stats = stats_record(result.stats, answer.strategy, result.stop_reason)
+        answer.message.complete = result.stop_reason != StopReason.CANCELLED
+        self.writer.update(answer.message)
+        self._end(answer, result)
+
+    def _on_failed(self, run: EngineRun, message: str) -> None:
+        if not self._is_live(run):
+            return
+        answer = self.answer
+        if answer.message.content:
+            self.writer.update(answer.message)
+            self._end(answer, None)
+        else:  # nothing was generated: neither an empty answer nor its unanswered question is kept
+            self.answer = None
+            self._truncate_from(answer.question)
+            self.input_returned.emit(answer.question.content)
+            self.writer.flush()
+            self.busy_changed.emit(False)
+            self.answer_finished.emit(None, None)
+        self.error.emit("Generation failed", message)
+
+    def _end(self, answer: _Answer, result: GenerationResult | None) -> None:
+        self.answer = None
+        self.writer.flush()
+        self.busy_changed.emit(False)
+        self.answer_finished.emit(answer.message, result)
+
+    # -- closing -----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """End cleanly: stop the answer (saved as incomplete) and any load, wait for the threads briefly, write
+        everything, close the history."""
+        answer = self.answer
+        self.stop(wait=True)
+        if answer is not None and self.answer is answer:
+            answer.message.complete = False
+            if answer.message.stats:
+                answer.message.stats = {**answer.message.stats, "stop_reason": StopReason.CANCELLED.value}
+            self.writer.update(answer.message)
+            self.answer = None
+        self._closed = True
+        for run in (self._loading, self._warming):
+            if run is not None:
+                run.cancel()
+                run.wait(CLOSE_WAIT_MS)
+        if answer is not None:
+            answer.run.wait()   # a thread must not outlive its QThread object
+        self.writer.flush()
+        self.store.close()
+
+
+def _decoding(settings: AppSettings) -> tuple:
+    """The settings a warm-up depends on."""
+    return replace(settings, theme="", color_origins=True, max_new_tokens=0)

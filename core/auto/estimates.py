@@ -1,0 +1,74 @@
+"""What Auto learns while decoding: the draft model's acceptance vector, and this prompt's record of memory drafts."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from core.memory.stats import BUCKET_STARTS, MemoryStats, bucket
+from core.tree import TokenTree
+from core.verify import Verdict
+
+
+class AcceptanceTracker:
+    """The acceptance vector measured online from verified trees, through per-rank hazards.
+
+    ``h_i`` = P(child of rank i accepted | ranks before it rejected), counted at every node the verification
+    reached; then ``a_i = h_i * prod_{j<i} (1 - h_j)``. The plan's vector is the prior (weight ``prior_weight``).
+    """
+
+    def __init__(self, prior: Sequence[float], prior_weight: float = 4.0) -> None:
+        left = 1.0
+        self.accepted, self.tested = [], []
+        for a in prior:
+            h = a / left if left > 1e-12 else 0.0
+            self.accepted.append(h * prior_weight)
+            self.tested.append(prior_weight)
+            left -= a
+
+    def observe(self, tree: TokenTree, verdict: Verdict) -> None:
+        accepted = set(verdict.accepted)
+        for rank_children in (tree.children(u) for u in (-1, *verdict.accepted)):
+            for rank, child in enumerate(rank_children[: len(self.tested)]):
+                if child not in verdict.accept_probs:
+                    break
+                self.tested[rank] += 1
+                if child in accepted:
+                    self.accepted[rank] += 1
+                    break
+
+    def vector(self) -> tuple[float, ...]:
+        out, left = [], 1.0
+        for a, t in zip(self.accepted, self.tested):
+            h = a / t if t else 0.0
+            out.append(left * h)
+            left *= 1 - h
+        return tuple(out)
+
+
+class PromptRates:
+    """This prompt's acceptance of memory-drafted tokens by match length, against memory's long-run estimate.
+
+    The long-run rate counts as ``PRIOR_WEIGHT`` observations, each observation of this prompt as one: three
+    rejections at a match length where memory is usually right 70 % of the time halve the estimate there, which
+    stops drafting at that length for the rest of this answer. ``factor`` is what memory's estimates are multiplied
+    by.
+    """
+
+    PRIOR_WEIGHT = 3.0
+
+    def __init__(self, long_run: MemoryStats) -> None:
+        self.long_run = long_run
+        self.tested = [0.0] * len(BUCKET_STARTS)
+        self.accepted = [0.0] * len(BUCKET_STARTS)
+
+    def observe(self, match: int, accepted: bool) -> None:
+        b = bucket(match)
+        self.tested[b] += 1.0
+        self.accepted[b] += float(accepted)
+
+    def factor(self, match: int) -> float:
+        b = bucket(match)
+        prior = self.long_run.rate(match)
+        if prior <= 0:
+            return 1.0
+        here = (self.accepted[b] + self.PRIOR_WEIGHT * prior) / (self.tested[b] + self.PRIOR_WEIGHT)
+        return here / prior

@@ -1,0 +1,239 @@
+"""Auto's choice, every step: plain decoding, a memory tree, or the planned Sequoia tree of the draft model.
+
+Each option is scored in predicted tokens per second from the evidence at hand:
+
+* plain decoding: one token per target call, cost ``t(1)``;
+* memory (core.memory): the best-first tree of what followed earlier occurrences of the text's latest tokens. Its
+  first ``n`` nodes are expected to give ``1 + sum of their path probabilities`` tokens for ``t(n + 1)``; ``n`` is
+  chosen to maximise the rate. The probabilities are memory's calibrated estimates, corrected by what *this* prompt
+  has shown so far (:class:`PromptRates`): a few rejections at a match length stop drafting at that length here;
+* the draft model's Sequoia tree: ``c(n, d)`` from the acceptance tracked online, cost the measured draft and verify
+  times of that shape.
+
+Every option pays the memory lookup (timed each step). An option other than plain is taken only when it beats plain
+decoding by the plan's gate (the machine's measured timing noise, at least 3 %): a gain smaller than the noise is a
+coin toss that costs a verification of several tokens when it loses.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from core.auto.estimates import AcceptanceTracker, PromptRates
+from core.auto.plan import MAX_BUDGET, MAX_DEPTH, Plan, best_plan
+from core.drafting import DrafterBase, ModelDrafter
+from core.events import PlanEvent
+from core.memory import MemoryDrafter, MemoryProposal
+from core.memory.stats import MAX_PROB
+from core.sequoia import solve, tree_value
+from core.tree import TokenTree, depths_of
+from core.verify import Verdict
+
+MAX_MEMORY_NODES = 15   # a target call on 16 tokens already costs several plain steps on a CPU
+MAX_MEMORY_DEPTH = 15
+LOOKUP_SHARE = 0.02     # a lookup costing more than this share of a plain step backs off while it finds nothing
+MAX_SKIP = 16
+DRIFT = 0.15            # re-plan the tree when the measured c(n, d) moves this far from the planned one
+DRIFT_STEPS = 12        # ... judged over at least this many model-drafted steps
+
+
+class AutoDrafter(DrafterBase):
+    """See the module docstring. ``model`` is the draft model's drafter when the plan's tree pays, else None."""
+
+    def __init__(self, plan: Plan, memory: MemoryDrafter, model: ModelDrafter | None, on_replan=None) -> None:
+        self.plan = plan
+        self.latencies = plan.latencies
+        self.memory = memory
+        self.model = model
+        self.tracker = AcceptanceTracker(plan.acceptance) if model is not None else None
+        self.tree_plan = plan.tree if model is not None else None
+        self.on_replan = on_replan
+        self.rates = PromptRates(memory.stats)
+        self.note = ""
+        self.choice = "plain"
+        self.counts = {"plain": 0, "memory": 0, "tree": 0}
+        self.predicted_tokens = 0.0
+        self.predicted_seconds = 0.0
+        self.lookup_seconds = 0.0
+        self._lookups = 0
+        self._skip = 0          # steps left without a lookup
+        self._backoff = 0       # how many to skip after the next fruitless lookup
+        self._model_steps = 0
+        self._shadow: tuple[MemoryProposal, int] | None = None   # a proposal not drafted, and where it applied
+        self._plan_event: PlanEvent | None = plan.to_event(_plan_note(plan, model is not None))
+
+    @property
+    def predicted_speedup(self) -> float:
+        """Tokens per second the chosen steps were predicted to reach, over plain decoding's."""
+        if self.predicted_seconds <= 0:
+            return 1.0
+        return self.predicted_tokens / self.predicted_seconds * self.latencies.plain
+
+    def start(self, prompt: Sequence[int], cancel=None) -> None:
+        self.memory.start(prompt)
+        if self.model is not None:
+            self.model.start(prompt, cancel)
+
+    def take_plan(self) -> PlanEvent | None:
+        event, self._plan_event = self._plan_event, None
+        return event
+
+    # -- the choice ---------------------------------------------------------------------------------------------
+    def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
+        lat = self.latencies
+        self._score_shadow(tokens)
+        proposal = self._lookup(tokens, max_nodes, max_depth)
+        lookup = self.lookup_seconds / self._lookups if self._lookups else 0.0
+        options: dict[str, tuple[float, float]] = {"plain": (1.0, lat.plain + lookup)}
+        size = 0
+        if len(proposal.tree):
+            size, expected = self._memory_size(proposal)
+            options["memory"] = (expected, lat.verify_cost(size + 1) + lookup)
+        if self.model is not None:
+            shape = self.tree_plan.parents
+            options["tree"] = (tree_value(shape, self.tracker.vector()), lat.tree_cost(shape) + lookup)
+        rate = {name: e / c for name, (e, c) in options.items()}
+        choice = max(rate, key=rate.get)
+        plain = rate["plain"]
+        if rate[choice] < plain * (1.0 + self.plan.gate):
+            choice = "plain"
+        self.choice = choice
+        self.counts[choice] += 1
+        self._back_off(choice == "memory", lookup)
+        expected, cost = options[choice]
+        self.predicted_tokens += expected
+        self.predicted_seconds += cost
+        self._shadow = (proposal, len(tokens)) if choice != "memory" and len(proposal.tree) else None
+        self.shape = self.tree_plan.parents if choice == "tree" else None
+        if choice == "memory":
+            tree = proposal.tree.truncated(max_nodes=size)
+            self.note = (f"memory: {size} of {len(proposal.tree)} nodes (match of {proposal.match} tokens), "
+                         f"{expected:.2f} tokens expected, predicted {rate[choice] / plain:.2f}x")
+            return tree
+        if choice == "tree":
+            shape = self.tree_plan.parents
+            self.note = (f"Sequoia tree of {len(shape)} nodes, depth {max(depths_of(shape))}: "
+                         f"predicted {rate[choice] / plain:.2f}x")
+            return self.model.draft(tokens, max_depth, max_nodes)
+        self.note = "plain decoding: " + self._why_plain(proposal, rate, plain)
+        return TokenTree()
+
+    def _lookup(self, tokens: Sequence[int], max_nodes: int, max_depth: int) -> MemoryProposal:
+        """Memory's proposal, timed; skipped (an empty proposal) while backing off."""
+        if self._skip > 0:
+            self._skip -= 1
+            return MemoryProposal(TokenTree(), 0)
+        t0 = time.perf_counter()
+        proposal = self.memory.propose(tokens, min(MAX_MEMORY_NODES, max_nodes), min(MAX_MEMORY_DEPTH, max_depth))
+        self._lookups += 1
+        self.lookup_seconds += time.perf_counter() - t0
+        return proposal
+
+    def _back_off(self, drafted: bool, lookup: float) -> None:
+        """Where a lookup costs a noticeable share of a step (small fast models), fruitless lookups are spaced out,
+        twice as far each time, until memory drafts again."""
+        if drafted or lookup <= LOOKUP_SHARE * self.latencies.plain:
+            self._backoff = 0
+        elif self._skip == 0:
+            self._skip = self._backoff
+            self._backoff = min(MAX_SKIP, max(1, 2 * self._backoff))
+
+    def _memory_size(self, proposal: MemoryProposal) -> tuple[int, float]:
+        """How many of the proposal's nodes (best first) to draft, and the tokens they are expected to give, with
+        the probabilities corrected by this prompt's own record."""
+        lat = self.latencies
+        tree = proposal.tree
+        path: list[float] = []
+        best_n, best_expected, best_rate = 1, 0.0, 0.0
+        expected = 1.0
+        for j in range(len(tree)):
+            node = min(MAX_PROB, proposal.node_probs[j] * self.rates.factor(proposal.node_matches[j]))
+            parent = tree.parents[j]
+            path.append(node * (path[parent] if parent >= 0 else 1.0))
+            expected += path[-1]
+            rate = expected / lat.verify_cost(j + 2)
+            if rate > best_rate:
+                best_n, best_expected, best_rate = j + 1, expected, rate
+        return best_n, best_expected
+
+    def _why_plain(self, proposal: MemoryProposal, rate: dict[str, float], plain: float) -> str:
+        reasons = []
+        if "memory" in rate:
+            reasons.append(f"memory's match of {proposal.match} tokens is predicted at {rate['memory'] / plain:.2f}x")
+        elif proposal.match:
+            reasons.append(f"memory's match of {proposal.match} tokens is too short")
+        else:
+            reasons.append("no earlier text matches")
+        if "tree" in rate:
+            reasons.append(f"the draft model's tree is predicted at {rate['tree'] / plain:.2f}x")
+        elif self.plan.tree is not None:
+            reasons.append(f"the draft model's best tree is predicted at {self.plan.tree.speedup:.2f}x")
+        reasons.append(f"drafting needs {1 + self.plan.gate:.2f}x")
+        return "; ".join(reasons)
+
+    # -- learning -----------------------------------------------------------------------------------------------
+    def _score_shadow(self, tokens: Sequence[int]) -> None:
+        """Score the last proposal that was not drafted against the tokens the target then emitted.
+
+        For a deterministic draft, "the target emitted the drafted token" has exactly the probability that
+        verification would have accepted it, at any temperature; so this prompt's record keeps learning while it
+        decodes plainly, and a match length judged unpromising gets corrected rather than never tried.
+        """
+        if self._shadow is None:
+            return
+        proposal, at = self._shadow
+        self._shadow = None
+        tree = proposal.tree
+        node = next(iter(tree.children(-1)), None)
+        for real in tokens[at:]:
+            if node is None:
+                break
+            hit = tree.tokens[node] == real
+            self.rates.observe(proposal.node_matches[node], hit)
+            self.memory.stats.observe(proposal.node_matches[node], hit, proposal.raw_probs[node])
+            if not hit:
+                break
+            node = next(iter(tree.children(node)), None)
+
+    def feedback(self, tree: TokenTree, verdict: Verdict) -> None:
+        if self.choice == "memory":
+            self.memory.feedback(tree, verdict)
+            proposal = self.memory.last_proposal
+            for j, accept in verdict.accept_probs.items():
+                self.rates.observe(proposal.node_matches[j], j in verdict.accepted)
+        elif self.choice == "tree":
+            self.model.feedback(tree, verdict)
+            self.tracker.observe(tree, verdict)
+            self._model_steps += 1
+            if self._model_steps >= DRIFT_STEPS:
+                self._check_drift()
+
+    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        """Remember the answer (an earlier answer to the same prompt drafts a regenerated one)."""
+        self.memory.remember(prompt, answer)
+
+    def _check_drift(self) -> None:
+        vector = self.tracker.vector()
+        planned = self.tree_plan.expected_tokens
+        if abs(tree_value(self.tree_plan.parents, vector) - planned) <= DRIFT * planned:
+            return
+        self._model_steps = 0
+        new = best_plan(solve(vector, MAX_BUDGET, MAX_DEPTH), self.latencies)
+        self.plan.acceptance, self.plan.tree = vector, new
+        if self.on_replan is not None:
+            self.on_replan(self.plan)
+        if new.speedup < 1.0 + self.plan.gate:
+            self.model = None     # the draft's cache simply stops following; nothing else holds it
+            self.note = f"re-planned: the acceptance drifted and the best tree is now predicted at {new.speedup:.2f}x"
+        else:
+            self.tree_plan = new
+            self.model = ModelDrafter(self.model.backend, new.parents, "without_replacement", self.model.params,
+                                      self.model.rng, "draft")
+        self._plan_event = self.plan.to_event("re-planned: the acceptance seen while decoding drifted from the plan")
+
+
+def _plan_note(plan: Plan, drafting: bool) -> str:
+    if plan.tree is None:
+        return "Auto's plan: no draft-model tree (memory drafts only)"
+    state = "the draft model drafts this tree" if drafting else "the draft model stays idle: its tree does not pay"
+    return f"Auto's plan for this pair on this machine: {state}"

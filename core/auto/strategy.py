@@ -1,0 +1,86 @@
+"""Auto: the strategy that measures the machine once, then chooses step by step what pays (core.auto.policy)."""
+from __future__ import annotations
+
+import logging
+
+from core.auto.cache import load_plan, save_plan
+from core.auto.calibrate import Report, apply_tuning, load_quantised, measure_plan
+from core.auto.plan import Plan, plan_key
+from core.auto.policy import AutoDrafter
+from core.drafting import ModelDrafter
+from core.memory import MemoryDrafter, SuffixMemory, open_memory
+from core.sampling import Rng, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def get_plan(target, draft, sampling: SamplingParams, refresh: bool = False, cache: bool = True,
+             report: Report | None = None) -> Plan:
+    """The cached plan for this pair and machine, measured (and cached) when missing or when ``refresh``."""
+    key = plan_key(target, draft, sampling)
+    plan = None if refresh or not cache else load_plan(key)
+    if plan is None:
+        plan = measure_plan(target, draft, sampling, report=report)
+        if cache:
+            save_plan(plan)
+    return plan
+
+
+class Auto:
+    """Plain decoding, memory drafts or Sequoia trees, chosen step by step from measurements.
+
+    The engine binds it to its models before a generation: the plan is loaded from the cache or measured, its
+    verification settings applied, and the memory of earlier texts opened (``memory=`` gives one; ``use_memory=False``
+    drafts from the current text only). Pass ``plan=`` to decide from given measurements (tests inject latencies
+    this way).
+    """
+
+    label = "Auto"
+
+    def __init__(self, plan: Plan | None = None, cache: bool = True, refresh: bool = False,
+                 memory: SuffixMemory | None = None, use_memory: bool = True) -> None:
+        self.plan = plan
+        self._fixed = plan is not None
+        self.cache = cache
+        self.refresh = refresh
+        self.memory = memory
+        self.use_memory = use_memory
+        self.report: Report | None = None   # progress of a measurement, for a window that shows it
+        self.last_drafter: AutoDrafter | None = None
+        self._tree_draft = None     # the backend the tree is drafted with (a cheaper re-quantised copy, or the draft)
+        self._bound: tuple | None = None
+
+    def bind(self, target, draft, sampling: SamplingParams) -> None:
+        """Load or measure the plan for these models (once per pair, backend, device and threads) and open the
+        memory of earlier texts for their tokenizer."""
+        key = plan_key(target, draft, sampling)
+        if self._bound == (id(target), id(draft), repr(key)):
+            return
+        if not self._fixed or self.plan is None:
+            self.plan = get_plan(target, draft, sampling, refresh=self.refresh, cache=self.cache, report=self.report)
+            self.refresh = False
+        apply_tuning(target, self.plan.tuning)
+        self._tree_draft = None
+        if draft is not None and self.plan.tree_pays():
+            self._tree_draft = load_quantised(draft, self.plan.draft_quantised) or draft
+        if self.memory is None and self.use_memory:
+            self.memory = open_memory(target.fingerprint())
+            if self.memory.notice:
+                log.warning(self.memory.notice)
+        self._bound = (id(target), id(draft), repr(key))
+
+    def _replanned(self, plan: Plan) -> None:
+        if self.cache and not self._fixed:
+            save_plan(plan)
+
+    def make_drafter(self, draft, params: SamplingParams, rng: Rng) -> AutoDrafter:
+        if self.plan is None:
+            raise ValueError("Auto has no plan yet: run it through SpeculativeEngine (which binds it to the models) "
+                             "or pass plan=")
+        model = None
+        tree_draft = self._tree_draft if self._tree_draft is not None else draft
+        if tree_draft is not None and self.plan.tree_pays():
+            model = ModelDrafter(tree_draft, self.plan.tree.parents, "without_replacement", params, rng, "draft")
+        memory = MemoryDrafter(self.memory if self.use_memory else None)
+        self.last_drafter = AutoDrafter(self.plan, memory, model, self._replanned)
+        return self.last_drafter

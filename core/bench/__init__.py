@@ -1,0 +1,169 @@
+"""`speclens bench`: decode prompt sets in several modes on the same loaded models and report the speed.
+
+Modes alternate prompt by prompt and repeat (``--repeat``); every mode is reported over ``baseline`` (SpecLens's own
+plain loop) and over ``native`` (llama-cpp-python's) when that mode runs. ``--surface window`` (the app adds it)
+decodes each prompt through the real chat window as well as through the bare engine and reports the window's cost.
+Output: JSON (``meta``, ``modes``, ``runs``, ``summary``) and a Markdown table (stdout and ``OUT`` with ``.md``).
+See core.bench.run and core.bench.report for how runs are alternated and ratios taken.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from core.bench.modes import HF_ASSISTED, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes, strategy_for
+from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
+from core.bench.report import geomean, markdown, summarise
+from core.bench.run import BenchSetup, EngineSurface, attach_memory, run_bench, stderr_log
+from core.bench.runners import HFAssisted, NativeRunner
+from core.cli_args import add_pair_arguments, open_pair
+from core.sampling import SamplingParams
+
+__all__ = ["DEFAULT_PROMPTS", "PROMPT_DIR", "BenchError", "geomean", "main", "read_prompts", "strategy_for"]
+
+SurfaceFactory = Callable[[object, object], object]   # (target, draft) -> a Surface
+
+
+def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speclens bench", description=__doc__.split("\n\n")[0])
+    add_pair_arguments(parser)
+    parser.add_argument("--modes", default="baseline,auto", help=f"comma-separated: {MODE_HELP}")
+    parser.add_argument("--prompts", action="append", default=None,
+                        help="a JSONL prompt file (repeatable); default: every set in resources/prompts")
+    parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts of each file")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--repeat", type=int, default=1, help="repeat every run N times (ratios: median of repeats)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of sampled runs")
+    parser.add_argument("--memory", default="", help="folder of the memory of earlier texts to draft from (read, "
+                        "never written); default: an empty memory, so that results do not depend on your history")
+    parser.add_argument("--surface", default="engine", choices=("engine", *surfaces),
+                        help="engine: the bare engine; window: also through the real chat window (offscreen)")
+    parser.add_argument("--json", dest="out", default=None, help="write the JSON here (and the table next to it, .md)")
+    return parser
+
+
+def _check_writable(out: Path) -> None:
+    """Fail before a long run, not after it, when the report cannot be written."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".speclens-bench-"):
+            pass
+    except OSError as exc:
+        raise BenchError(f"cannot write the report to {out}: {exc}") from None
+
+
+def _settings(args) -> tuple[list[str], list[dict], SamplingParams]:
+    modes = parse_modes(args.modes)
+    if args.max_new_tokens < 1:
+        raise BenchError("--max-new-tokens must be at least 1")
+    if args.repeat < 1:
+        raise BenchError("--repeat must be at least 1")
+    files = [Path(p) for p in args.prompts] if args.prompts else [PROMPT_DIR / f for f in DEFAULT_PROMPTS]
+    prompts = []
+    for f in files:
+        rows = read_prompts(f)
+        prompts += rows[: args.limit] if args.limit > 0 else rows
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed if args.temperature > 0 else None)
+    if HF_ASSISTED in modes and not sampling.greedy:
+        raise BenchError("hf-assisted is benchmarked greedy only: use --temperature 0")
+    if args.no_draft:
+        needy = [m for m in modes if needs_draft_model(m)]
+        if needy:
+            raise BenchError(f"modes {', '.join(needy)} need the draft model; drop --no-draft")
+    if args.out:
+        _check_writable(Path(args.out))
+    return modes, prompts, sampling
+
+
+def _encoded(target, prompts: list[dict], max_new_tokens: int) -> list[list[int]]:
+    encoded = []
+    for p in prompts:
+        ids = target.apply_chat_template(p["messages"])
+        if len(ids) + max_new_tokens > target.context_length:
+            raise BenchError(f"prompt {p['set']}/{p['id']} has {len(ids)} tokens: with {max_new_tokens} new ones it "
+                             f"does not fit in the context of {target.context_length}")
+        encoded.append(ids)
+    return encoded
+
+
+def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | None = None) -> int:
+    """Run the benchmark; ``surfaces`` are extra places to decode (the app passes its window)."""
+    surfaces = surfaces or {}
+    args = _parser(surfaces).parse_args(argv)
+    try:
+        modes, prompts, sampling = _settings(args)
+    except (BenchError, ValueError) as exc:
+        print(f"speclens bench: {exc}", file=sys.stderr)
+        return 2
+    try:
+        target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device)
+        if args.no_draft:
+            draft = None
+        runners = {m: (NativeRunner(target) if m == NATIVE else HFAssisted(target, draft, args.pair))
+                   for m in modes if m in (NATIVE, HF_ASSISTED)}
+        encoded = _encoded(target, prompts, args.max_new_tokens)
+    except Exception as exc:  # a model that will not load, a prompt that cannot fit: one clear line
+        print(f"speclens bench: {exc}", file=sys.stderr)
+        return 2
+    from core.memory import open_memory
+
+    with tempfile.TemporaryDirectory(prefix="speclens-bench-memory-") as empty:
+        memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
+        strategies = attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory)
+        chosen = [EngineSurface()] + ([surfaces[args.surface](target, draft)] if args.surface != "engine" else [])
+        setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
+                           chosen)
+        runs = run_bench(setup, prompts, encoded, stderr_log)
+    report = {"meta": _meta(args, target, draft, sampling, argv), "modes": modes, "runs": runs,
+              "summary": summarise(runs, modes)}
+    table = markdown(report)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        try:
+            out.write_text(json.dumps(report, indent=1))
+            out.with_suffix(".md").write_text(table + "\n")
+        except OSError as exc:
+            print(f"speclens bench: could not write {out}: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def _meta(args, target, draft, sampling: SamplingParams, argv) -> dict:
+    backend = "hf" if args.pair == "tiny" else args.backend   # the tiny pair exists in transformers only
+    return {"pair": args.pair, "backend": backend,
+            "draft_backend": backend if args.pair == "tiny" else args.draft_backend or backend,
+            "max_new_tokens": args.max_new_tokens, "temperature": sampling.temperature, "repeat": args.repeat,
+            "surface": args.surface, "machine": machine(), "load_average": os.getloadavg(),
+            "target": target.name, "draft": draft.name if draft is not None else None,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "speclens bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+
+
+def machine() -> str:
+    """The CPU model and core count (and the GPU, if torch sees one)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    text = f"{cpu}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+    import torch
+
+    if torch.cuda.is_available():
+        text += f", {torch.cuda.get_device_name(0)}"
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The modes `speclens bench` compares, by name: each is a strategy, or a runner outside the engine."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from core.adaptive import AdaptiveChain
+from core.auto import Auto
+from core.drafting import Baseline, Chain, Tree
+from core.memory import Memory
+from core.merge import Merge
+from core.ngram import NGram
+
+NATIVE = "native"            # llama-cpp-python's own generate loop on the same file and threads
+HF_ASSISTED = "hf-assisted"  # transformers' own assisted generation on the same pair
+RUNNERS = (NATIVE, HF_ASSISTED)
+MAX_TREE_BUDGET = 64         # a bench tree larger than this would take minutes per step on a CPU
+MAX_TREE_DEPTH = 16
+MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia shape from the published acceptance "
+             "vector), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), adaptive, auto, "
+             f"{HF_ASSISTED} (transformers backend only)")
+
+
+class BenchError(ValueError):
+    """A bad benchmark setting or prompt file."""
+
+
+def _ints(mode: str, parts: Sequence[str]) -> list[int]:
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise BenchError(f"mode {mode!r}: the numbers after ':' must be integers") from None
+
+
+def strategy_for(mode: str):
+    """The strategy a mode name stands for (the runners have none)."""
+    name, *args = mode.split(":")
+    nums = _ints(mode, args)
+    try:
+        if name == "baseline" and not nums:
+            return Baseline()
+        if name == "chain" and len(nums) <= 1:
+            return Chain(*(nums or [4]))
+        if name == "tree" and len(nums) <= 2:
+            budget, depth = (nums + [8, 4][len(nums):])[:2]
+            if not 2 <= budget <= MAX_TREE_BUDGET or not 1 <= depth <= MAX_TREE_DEPTH:
+                raise BenchError(f"mode {mode!r}: a tree needs a budget in 2..{MAX_TREE_BUDGET} and a depth in "
+                                 f"1..{MAX_TREE_DEPTH}")
+            return Tree.sequoia(budget, depth)
+        if name == "ngram" and len(nums) <= 1:
+            return NGram(*(nums or [4]))
+        if name == "memory" and len(nums) <= 1:
+            return Memory(*(nums or [8]))
+        if name == "merge" and len(nums) <= 1:
+            return Merge((Chain(*(nums or [3])), NGram(4)))
+        if name == "adaptive" and not nums:
+            return AdaptiveChain()
+        if name == "auto" and not nums:
+            return Auto()
+    except BenchError:
+        raise
+    except ValueError as exc:
+        raise BenchError(f"mode {mode!r}: {exc}") from None
+    raise BenchError(f"unknown mode {mode!r}; modes: {MODE_HELP}")
+
+
+def parse_modes(text: str) -> list[str]:
+    """The modes of ``--modes``, baseline first (every speedup is a ratio to it), each checked."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes:
+        raise BenchError("no modes given")
+    if "baseline" not in modes:
+        modes.insert(0, "baseline")
+    if len(set(modes)) != len(modes):
+        raise BenchError(f"a mode is listed twice in {text!r}")
+    for mode in modes:
+        if mode not in RUNNERS:
+            strategy_for(mode)
+    return modes
+
+
+def needs_draft_model(mode: str) -> bool:
+    return mode not in ("baseline", "auto", NATIVE) and not mode.startswith(("ngram", "memory"))

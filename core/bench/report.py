@@ -1,0 +1,161 @@
+"""What a benchmark run says: per-prompt ratios, their spread over repeats, summaries and the Markdown table.
+
+The speed compared is decode tokens per second (after the first token; the time to the first token is reported
+apart), from engine timestamps for the engine's modes and from the same two instants for the runners. A mode's
+ratio to a reference on one prompt is the median over repeats of the ratio within each repeat; a summary is the
+geometric mean of those medians over prompts. The spread says how far single repeats moved, so that a 1.05x can be
+told from noise.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Sequence
+
+from core.bench.modes import NATIVE
+
+METRIC = "decode_tokens_per_s"
+
+
+def geomean(values: Sequence[float]) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+
+
+def _speeds(runs: list[dict], surface: str) -> dict:
+    """(mode, set, prompt) -> {repeat: decode tok/s} on one surface."""
+    out: dict = defaultdict(dict)
+    for r in runs:
+        if r["surface"] == surface:
+            out[(r["mode"], r["prompt_set"], r["prompt_id"])][r["repeat"]] = r[METRIC]
+    return out
+
+
+def ratios(runs: list[dict], mode: str, reference: str, surface: str = "engine") -> dict:
+    """(set, prompt) -> the per-repeat ratios of ``mode`` to ``reference`` (same prompt, same repeat)."""
+    speeds = _speeds(runs, surface)
+    out = {}
+    for (m, pset, pid), by_repeat in speeds.items():
+        ref = speeds.get((reference, pset, pid), {})
+        values = [v / ref[k] for k, v in sorted(by_repeat.items()) if m == mode and ref.get(k)]
+        if values:
+            out[(pset, pid)] = values
+    return out
+
+
+def _summary_of(per_prompt: dict) -> dict:
+    medians = {k: statistics.median(v) for k, v in per_prompt.items()}
+    sets = list(dict.fromkeys(pset for pset, _ in medians))
+    repeats = max((len(v) for v in per_prompt.values()), default=0)
+    by_repeat = [geomean([v[k] for v in per_prompt.values() if len(v) > k]) for k in range(repeats)]
+    return {"speedup": geomean(list(medians.values())), "min_speedup": min(medians.values()),
+            "max_speedup": max(medians.values()),
+            "worst_prompt": min(medians, key=medians.get)[1],
+            "by_set": {s: geomean([r for (ps, _), r in medians.items() if ps == s]) for s in sets},
+            "by_prompt": {f"{ps}/{pid}": r for (ps, pid), r in medians.items()},
+            # how far one repeat's ratio moved around the median: the noise a single run would carry
+            "spread": statistics.median([max(v) - min(v) for v in per_prompt.values()]),
+            "repeat_geomeans": by_repeat}
+
+
+def summarise(runs: list[dict], modes: list[str]) -> dict:
+    """Per mode: aggregate decode tok/s, ratios to baseline and to native, predictions, the window's cost."""
+    summary = {}
+    surfaces = list(dict.fromkeys(r["surface"] for r in runs))
+    for mode in modes:
+        rows = [r for r in runs if r["mode"] == mode and r["surface"] == "engine"]
+        decode_s = sum((r["seconds"] - (r["time_to_first_token"] or 0.0)) for r in rows)
+        entry: dict = {"tokens_per_s": sum(max(r["new_tokens"] - 1, 0) for r in rows) / max(decode_s, 1e-12),
+                       "time_to_first_token": statistics.median([r["time_to_first_token"] or 0.0 for r in rows])
+                       if rows else None}
+        base = ratios(runs, mode, "baseline")
+        if base:
+            entry.update(_summary_of(base))
+        if mode != NATIVE and any(r["mode"] == NATIVE for r in runs):
+            native = ratios(runs, mode, NATIVE)
+            if native:
+                entry["over_native"] = _summary_of(native)
+        overhead = [r["python_ms_per_step"] for r in rows if "python_ms_per_step" in r]
+        if overhead:
+            entry["python_ms_per_step"] = statistics.median(overhead)
+        predicted = [r["predicted_speedup"] for r in rows if "predicted_speedup" in r]
+        if predicted and base:
+            entry["predicted_speedup"] = geomean(predicted)
+            entry["realised_over_predicted"] = entry["speedup"] / entry["predicted_speedup"]
+        if "window" in surfaces:
+            window = _window_ratios(runs, mode)
+            if window:
+                entry["window_over_engine"] = geomean([statistics.median(v) for v in window.values()])
+                entry["window_over_engine_worst"] = min(statistics.median(v) for v in window.values())
+        summary[mode] = entry
+    return summary
+
+
+def _window_ratios(runs: list[dict], mode: str) -> dict:
+    engine, window = _speeds(runs, "engine"), _speeds(runs, "window")
+    out = {}
+    for key, by_repeat in window.items():
+        if key[0] != mode:
+            continue
+        values = [v / engine[key][k] for k, v in sorted(by_repeat.items()) if engine.get(key, {}).get(k)]
+        if values:
+            out[key[1:]] = values
+    return out
+
+
+def markdown(report: dict) -> str:
+    """The Markdown table: median decode tok/s per prompt and mode (ratio to baseline), then the summary rows."""
+    meta, modes, runs, summary = report["meta"], report["modes"], report["runs"], report["summary"]
+    lines = [f"{meta['pair']} pair, target on {meta['backend']}, draft on {meta['draft_backend']}, "
+             f"{meta['max_new_tokens']} new tokens, temperature {meta['temperature']}, {meta['repeat']} repeat(s) "
+             f"(median shown), {meta['machine']}; decode tokens/s (after the first token)", "",
+             "| set | prompt | " + " | ".join(f"{m}" for m in modes) + " |",
+             "|---|---|" + "---:|" * len(modes)]
+    speeds = _speeds(runs, "engine")
+    keys = list(dict.fromkeys((r["prompt_set"], r["prompt_id"]) for r in runs))
+    for pset, pid in keys:
+        cells = []
+        for m in modes:
+            values = list(speeds.get((m, pset, pid), {}).values())
+            if not values:
+                cells.append("-")
+                continue
+            ratio = summary[m].get("by_prompt", {}).get(f"{pset}/{pid}")
+            cells.append(f"{statistics.median(values):.2f}" + (f" ({ratio:.2f}x)" if ratio and m != "baseline"
+                                                                 else ""))
+        lines.append(f"| {pset} | {pid} | " + " | ".join(cells) + " |")
+
+    def row(label: str, value) -> str:
+        return f"| {label[0]} | {label[1]} | " + " | ".join(value(summary[m]) for m in modes) + " |"
+
+    lines.append(row(("**all**", "**geomean / baseline**"), lambda s: f"**{s.get('speedup', 0):.2f}x**"))
+    if any("over_native" in s for s in summary.values()):
+        lines.append(row(("**all**", "**geomean / native**"),
+                         lambda s: f"**{s['over_native']['speedup']:.2f}x**" if "over_native" in s else "-"))
+        lines.append(row(("all", "worst prompt / native"),
+                         lambda s: f"{s['over_native']['min_speedup']:.2f}x" if "over_native" in s else "-"))
+    lines.append(row(("all", "worst prompt / baseline"), lambda s: f"{s.get('min_speedup', 0):.2f}x"))
+    lines.append(row(("all", "spread of one repeat"), lambda s: f"±{s.get('spread', 0) / 2:.2f}"))
+    for name in dict.fromkeys(pset for pset, _ in keys):
+        lines.append(row((name, "geomean / baseline"), lambda s: f"{s.get('by_set', {}).get(name, 0):.2f}x"))
+        if any("over_native" in s for s in summary.values()):
+            lines.append(row((name, "geomean / native"), lambda s: f"{s['over_native']['by_set'].get(name, 0):.2f}x"
+                             if "over_native" in s else "-"))
+    if any("window_over_engine" in s for s in summary.values()):
+        lines.append(row(("all", "window / engine"), lambda s: f"{s['window_over_engine']:.3f} "
+                         f"(worst {s['window_over_engine_worst']:.3f})" if "window_over_engine" in s else "-"))
+    if any("python_ms_per_step" in s for s in summary.values()):
+        lines.append(row(("all", "Python ms per step"), lambda s: f"{s['python_ms_per_step']:.2f}"
+                         if "python_ms_per_step" in s else "-"))
+    for m in modes:
+        if "predicted_speedup" in summary[m]:
+            lines += ["", f"{m}: predicted {summary[m]['predicted_speedup']:.2f}x by the planner, realised "
+                          f"{summary[m]['speedup']:.2f}x ({summary[m]['realised_over_predicted'] * 100:.0f}% of the "
+                          "prediction)"]
+    diverged = [r for r in runs if r.get("greedy_vs_baseline", "identical").split(" ")[0] not in ("identical", "")]
+    if diverged:
+        lines += ["", "Greedy outputs that differ from baseline (batched kernels at near-ties, see MODELS.md):"]
+        lines += [f"- {r['mode']} on {r['prompt_id']} (repeat {r['repeat'] + 1}): {r['greedy_vs_baseline']}"
+                  for r in diverged]
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""The references SpecLens is measured against, run outside its engine on the same model files and threads.
+
+* ``native``: llama-cpp-python's high-level ``Llama.generate`` loop with its own C sampler — what a Python user
+  would otherwise write — on the target's GGUF, with the same context size and threads and llama-cpp-python's
+  default context settings.
+* ``hf-assisted``: transformers' own assisted generation (``generate(assistant_model=...)``) on the same pair.
+
+Each returns the same timings as the engine: the time to the first token and to the last.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from core.bench.modes import BenchError
+from core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class RunnerResult:
+    tokens: tuple[int, ...]
+    seconds: float
+    time_to_first_token: float
+
+
+class NativeRunner:
+    """``Llama.generate`` on the target's file (llama.cpp backend only)."""
+
+    def __init__(self, target) -> None:
+        from core.backends.llamacpp import LlamaCppBackend
+
+        if not isinstance(target, LlamaCppBackend):
+            raise BenchError("mode native needs the llama.cpp backend for the target (--backend llama.cpp)")
+        import llama_cpp
+
+        self.eos = target.eos_ids
+        self.llm = llama_cpp.Llama(str(target.path), n_ctx=target.context_length, n_threads=target.n_threads,
+                                   n_threads_batch=target.n_threads, n_gpu_layers=-1 if target.device == "gpu" else 0,
+                                   verbose=False)
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> RunnerResult:
+        if sampling.seed is not None:
+            self.llm.set_seed(sampling.seed)
+        tokens: list[int] = []
+        t0 = time.perf_counter()
+        first = None
+        for token in self.llm.generate(prompt_ids, temp=sampling.temperature, top_k=sampling.top_k,
+                                       top_p=sampling.top_p, min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
+                                       reset=True):
+            if first is None:
+                first = time.perf_counter() - t0
+            tokens.append(int(token))
+            if token in self.eos or len(tokens) >= max_new_tokens:
+                break
+        return RunnerResult(tuple(tokens), time.perf_counter() - t0, first or 0.0)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class HFAssisted:
+    """transformers' own assisted generation (``generate(assistant_model=...)``), greedy, on the same pair."""
+
+    def __init__(self, target, draft, pair: str) -> None:
+        from core.backends.hf import HFBackend
+
+        if not isinstance(target, HFBackend):
+            raise BenchError("mode hf-assisted needs the transformers backend for the target (--backend hf)")
+        self.target = target
+        if isinstance(draft, HFBackend):
+            self.assistant = draft.model
+        else:  # the draft runs elsewhere (llama.cpp): load the same draft weights in transformers for this mode
+            from core import models
+            from core.assembly import assemble
+
+            self.assistant = models.load_backend(assemble(models.PAIRS[pair].draft), "hf",
+                                                 device=target.device).model
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> RunnerResult:
+        import torch
+
+        if not sampling.greedy:
+            raise BenchError("hf-assisted is benchmarked greedy only: use --temperature 0")
+        ids = torch.tensor([prompt_ids], device=self.target.device)
+        eos = sorted(self.target.eos_ids)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=self.assistant,
+                                             do_sample=False, max_new_tokens=max_new_tokens,
+                                             eos_token_id=eos or None, pad_token_id=eos[0] if eos else None)
+        seconds = time.perf_counter() - t0
+        # transformers' loop reports no first-token time; its first token costs one plain step like everyone's
+        return RunnerResult(tuple(int(t) for t in out[0, len(prompt_ids):]), seconds, 0.0)
+
+    def close(self) -> None:
+        """Nothing to free beyond the models the pair owns."""

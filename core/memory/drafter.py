@@ -1,0 +1,195 @@
+"""Drafting from memory: the continuations of the longest earlier match, in this text or in remembered documents,
+proposed as a token tree of the likeliest ones (SuffixDecoding's idea, with calibrated estimates for a planner).
+
+Each step the drafter finds the longest suffix of the context that occurred before, in the context itself (live)
+or in the :class:`SuffixMemory` attached, and builds the tree from what followed every occurrence of that length.
+Recent occurrences weigh more: the live text first, then the documents used most recently. At the end of a
+generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts it next time.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+
+from core.backends.base import Backend
+from core.drafting import DrafterBase, StaticStrategy
+from core.memory.documents import SuffixMemory
+from core.memory.index import MAX_MATCH, LiveIndex
+from core.memory.proposal import MemoryProposal, best_first
+from core.memory.stats import MemoryStats
+from core.sampling import Rng, SamplingParams
+from core.tree import TokenTree
+from core.verify import Verdict
+
+MAX_OCCURRENCES = 64      # most recent occurrences a tree is built from
+MAX_NODES = 64            # the largest budget (tree nodes) and depth a memory tree is drafted with
+MAX_DEPTH = 64
+RECENCY_BONUS = 1.0       # the latest occurrence counts 1 + RECENCY_BONUS, older ones tend to 1 ...
+RECENCY_HALF_LIFE = 4.0   # ... halving the bonus every this many occurrences
+
+
+def recency_weights(n: int) -> np.ndarray:
+    """Weights of ``n`` occurrences ordered from the most recent."""
+    return 1.0 + RECENCY_BONUS * 0.5 ** (np.arange(n) / RECENCY_HALF_LIFE)
+
+
+_RECENCY = recency_weights(MAX_OCCURRENCES)
+
+
+def _paths(tree: TokenTree) -> list[tuple[int, ...]]:
+    """The tokens from the root to each node."""
+    paths: list[tuple[int, ...]] = []
+    for tok, par in zip(tree.tokens, tree.parents):
+        paths.append((paths[par] if par >= 0 else ()) + (tok,))
+    return paths
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class MemoryDrafter(DrafterBase):
+    """Drafts a memory tree each step, learns from the verdicts how often memory is right by match length, and
+    remembers the answer when the generation ends."""
+
+    label = "memory"
+
+    def __init__(self, memory: SuffixMemory | None = None, budget: int = 8, max_depth: int = 8,
+                 min_match: int = 2) -> None:
+        self.memory = memory
+        self.budget, self.max_depth, self.min_match = budget, max_depth, min_match
+        self._own_stats = MemoryStats() if memory is None else None
+        self.live = LiveIndex()
+        self.note = ""
+        self._last: MemoryProposal | None = None
+
+    @property
+    def stats(self) -> MemoryStats:
+        """The attached memory's statistics (persisted with it), else this drafter's own."""
+        return self.memory.stats if self.memory is not None else self._own_stats
+
+    @property
+    def last_proposal(self) -> MemoryProposal | None:
+        """The proposal of the last :meth:`propose` (or :meth:`draft`): the one :meth:`feedback` learns about."""
+        return self._last
+
+    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
+        self.live = LiveIndex(prompt)
+        self._last = None
+        self.note = ""
+
+    def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1) -> MemoryProposal:
+        """The memory tree after ``context`` (nodes best first) with its estimates; an empty tree when the longest
+        match is shorter than ``min_match``. The next :meth:`feedback` refers to this proposal."""
+        self.live.sync(context)
+        live_match, live_ends = self.live.longest()
+        state = self.memory.state if self.memory is not None else None
+        mem_match, mem_ends = state.index.longest(self.live.suffix()) if state is not None else (0, live_ends[:0])
+        match = max(live_match, mem_match)
+        depth = min(max_depth, MAX_DEPTH)
+        if match < max(min_match, 1):
+            self._last = MemoryProposal(TokenTree(), match)
+            return self._last
+        rows, documents = [], []
+        if live_match == match:
+            ends = live_ends[::-1][:MAX_OCCURRENCES]          # latest first
+            rows.append(self.live.continuations(ends, depth))
+            documents.append(np.full(len(ends), -1, np.int64))
+        if mem_match == match:
+            ends, uids = state.recent(mem_ends, MAX_OCCURRENCES - sum(len(r) for r in rows))
+            rows.append(state.index.continuations(ends, depth))
+            documents.append(uids)
+        together = np.concatenate(rows) if len(rows) > 1 else rows[0]
+        self._last = best_first(together, _RECENCY[:len(together)],
+                                np.concatenate(documents) if len(documents) > 1 else documents[0], match,
+                                self.stats, max_nodes, max_depth)
+        return self._last
+
+    def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
+        proposal = self.propose(tokens, min(self.budget, max_nodes), min(self.max_depth, max_depth), self.min_match)
+        if not len(proposal.tree):
+            self.note = (f"memory: no earlier match of {_plural(self.min_match, 'token')}"
+                         if proposal.match < self.min_match else "memory: nothing to draft")
+            return proposal.tree
+        remembered = len({d for d in proposal.row_documents if d >= 0})
+        places = (["this text"] if -1 in proposal.row_documents else []) + \
+            ([_plural(remembered, "remembered document")] if remembered else [])
+        where = " in " + " and ".join(places)
+        self.note = (f"memory: match of {_plural(proposal.match, 'token')}, {_plural(len(proposal.tree), 'node')} "
+                     f"from {_plural(proposal.occurrences, 'earlier occurrence')}{where}")
+        return proposal.tree
+
+    def _proposal_nodes(self, tree: TokenTree) -> list[int]:
+        """For each node of ``tree``, the node of the last proposal with the same token path (-1: none)."""
+        if tree is self._last.tree:
+            return list(range(len(tree)))
+        own = {path: j for j, path in enumerate(_paths(self._last.tree))}
+        return [own.get(path, -1) for path in _paths(tree)]
+
+    def feedback(self, tree: TokenTree, verdict: Verdict) -> None:
+        """Learn from every child of a node the walk reached: accepted, or not (a tested child, or one whose sibling
+        was accepted). Documents behind an accepted node count as just used."""
+        proposal = self._last
+        if proposal is None or not len(tree) or not len(proposal.tree):
+            return
+        nodes = self._proposal_nodes(tree)
+        accepted = set(verdict.accepted)
+        # below an accepted EOS nothing was reached
+        reached = [-1] + list(verdict.accepted if verdict.extra is not None else verdict.accepted[:-1])
+        for u in reached:
+            children = tree.children(u)
+            decided = any(c in accepted for c in children)
+            for c in children:
+                j = nodes[c]
+                if j >= 0 and (decided or c in verdict.accept_probs):
+                    self.stats.observe(proposal.node_matches[j], c in accepted, proposal.raw_probs[j])
+        if self.memory is not None and verdict.accepted and nodes[verdict.accepted[0]] >= 0:
+            used = proposal.documents(nodes[verdict.accepted[0]])
+            if used:
+                self.memory.touch(used)
+
+
+    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        self.remember(prompt, answer)
+
+    def remember(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        """Remember ``answer`` behind the end of ``prompt`` (a regenerated answer is then drafted from it) and save
+        the memory with what this generation taught it."""
+        if self.memory is not None:
+            self.memory.add_answer(prompt, answer)
+            self.memory.save()
+
+
+@dataclass(frozen=True)
+class Memory(StaticStrategy):
+    """Drafts from memory: this text and, when a :class:`SuffixMemory` is attached, remembered documents.
+
+    ``budget`` nodes at most, ``max_depth`` levels, nothing unless ``min_match`` tokens agree. No draft model.
+    """
+
+    budget: int = 8
+    max_depth: int = 8
+    min_match: int = 2
+    memory: SuffixMemory | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, value, high in (("budget", self.budget, MAX_NODES), ("max_depth", self.max_depth, MAX_DEPTH),
+                                  ("min_match", self.min_match, MAX_MATCH)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise ValueError(f"Memory: {name} must be an integer in 1..{high}, got {value!r}")
+        if self.memory is not None and not isinstance(self.memory, SuffixMemory):
+            raise ValueError(f"Memory: memory must be a SuffixMemory or None, got {type(self.memory).__name__}")
+
+    @property
+    def label(self) -> str:
+        return f"Memory({self.budget})"
+
+    def attached(self, memory: SuffixMemory | None) -> "Memory":
+        """The same strategy drafting also from ``memory``."""
+        return replace(self, memory=memory)
+
+    def make_drafter(self, draft: Backend | None, params: SamplingParams, rng: Rng) -> MemoryDrafter:
+        return MemoryDrafter(self.memory, self.budget, self.max_depth, self.min_match)

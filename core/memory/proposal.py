@@ -1,0 +1,109 @@
+"""A memory proposal: the tree of the likeliest continuations of the matched occurrences, best first.
+
+The continuations (one row of tokens per occurrence) are sorted so that every tree node is a block of consecutive
+rows sharing its path. Expansion is best-first: the candidate node with the highest estimated path probability is
+added next, so the nodes come out in an order where every prefix is the best subtree of its size, parents first.
+Every node is a deterministic function of the context and the memory, so it declares ``q`` one-hot
+(``Proposal()``): rule 3 then accepts it with the target's residual probability, losslessly at every temperature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from heapq import heappop, heappush
+from itertools import accumulate, count
+
+import numpy as np
+
+from core.memory.index import SEP
+from core.memory.stats import KAPPA, MemoryStats, calibrated
+from core.tree import Proposal, TokenTree
+
+SOURCE = "memory"
+
+
+@dataclass(frozen=True)
+class MemoryProposal:
+    """What memory proposes after a context: the tree and the planner's estimates for each node (tree order)."""
+
+    tree: TokenTree
+    match: int                              # longest match of the context's suffix (0: nothing found)
+    node_probs: tuple[float, ...] = ()      # P(node accepted | parent accepted), calibrated
+    path_probs: tuple[float, ...] = ()      # products of node_probs along each node's path
+    occurrences: int = 0                    # earlier occurrences the tree was built from
+    node_matches: tuple[int, ...] = ()      # match + depth - 1: tokens of agreement behind each node (stats bucket)
+    raw_probs: tuple[float, ...] = ()       # the uncalibrated estimates, which calibration compares with outcomes
+    blocks: tuple[tuple[int, int], ...] = ()   # rows [a, b) of the sorted occurrences that back each node
+    row_documents: tuple[int, ...] = ()     # per sorted occurrence: its remembered document's id, -1 for live text
+
+    def expected_tokens(self, n: int | None = None) -> float:
+        """Tokens one target call is expected to emit with the first ``n`` nodes (all when None): the accepted
+        drafted tokens plus the target's own."""
+        return 1.0 + sum(self.path_probs[:n])
+
+    def documents(self, node: int) -> set[int]:
+        """Ids of the remembered documents whose continuation includes ``node``'s path."""
+        a, b = self.blocks[node]
+        return {d for d in self.row_documents[a:b] if d >= 0}
+
+
+def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray, match: int, stats: MemoryStats,
+               max_nodes: int, max_depth: int) -> MemoryProposal:
+    """The best tree of at most ``max_nodes`` nodes and depth ``max_depth`` from continuations ``rows``.
+
+    ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights``
+    how much each occurrence counts. A node's raw estimate is its share of the weight of the parent's occurrences that
+    go on, times ``n / (n + KAPPA)`` for ``n`` such occurrences; calibrated as in :meth:`MemoryStats.estimate`.
+    A few dozen rows at most: plain Python lists beat numpy's per-call overhead at this size.
+    """
+    depth_cap = min(rows.shape[1], max_depth)
+    if not len(rows) or max_nodes <= 0 or depth_cap <= 0:
+        return MemoryProposal(TokenTree(), match, occurrences=len(rows))
+    table = rows[:, :depth_cap].tolist()
+    order = sorted(range(len(table)), key=table.__getitem__)   # a node's occurrences become consecutive rows
+    table = [table[i] for i in order]
+    weight = weights.tolist()
+    cumulative = list(accumulate((weight[i] for i in order), initial=0.0))
+    heap: list[tuple] = []
+    ties = count()
+    scales: dict[int, float] = {}     # depth -> the calibration of its nodes (match + depth - 1 tokens agree)
+
+    def push_children(parent: int, lo: int, hi: int, depth: int, path_prob: float) -> None:
+        col = depth - 1
+        first = lo
+        while first < hi and table[first][col] == SEP:   # rows whose text ended sort first
+            first += 1
+        if first == hi:
+            return
+        if depth not in scales:
+            scales[depth] = stats.scale(match + depth - 1)
+        total = cumulative[hi] - cumulative[first]
+        confidence = (hi - first) / (hi - first + KAPPA)
+        a = first
+        while a < hi:
+            token, b = table[a][col], a + 1
+            while b < hi and table[b][col] == token:
+                b += 1
+            raw = (cumulative[b] - cumulative[a]) / total * confidence
+            p = calibrated(scales[depth], raw)
+            heappush(heap, (-path_prob * p, next(ties), parent, a, b, depth, token, p, raw))
+            a = b
+
+    tree = TokenTree()
+    node_probs: list[float] = []
+    path_probs: list[float] = []
+    matches: list[int] = []
+    raws: list[float] = []
+    blocks: list[tuple[int, int]] = []
+    push_children(-1, 0, len(table), 1, 1.0)
+    while heap and len(tree) < max_nodes:
+        neg_path, _, parent, a, b, depth, token, p, raw = heappop(heap)
+        node = tree.add(token, parent, Proposal(), SOURCE)
+        node_probs.append(p)
+        path_probs.append(-neg_path)
+        matches.append(match + depth - 1)
+        raws.append(raw)
+        blocks.append((a, b))
+        if depth < depth_cap:
+            push_children(node, a, b, depth + 1, -neg_path)
+    return MemoryProposal(tree, match, tuple(node_probs), tuple(path_probs), len(rows), tuple(matches),
+                          tuple(raws), tuple(blocks), tuple(np.asarray(row_documents)[order].tolist()))

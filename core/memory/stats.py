@@ -1,0 +1,88 @@
+"""How often memory-drafted tokens are accepted, by match length, and the calibration of memory's estimates.
+
+A node drafted from memory is backed by the occurrences that agree with the context on ``match`` tokens plus its
+path; its *raw* estimate is its token's share among the ``n`` occurrences that go on after its parent (weighted by
+recency), shrunk toward "something else" as if ``KAPPA`` more occurrences had been seen: ``share * n / (n + KAPPA)``.
+One occurrence gives ``1 / (1 + KAPPA)``, many agreeing ones approach 1. The estimate the planner uses is
+``scale(m) * raw``, where ``scale(m)`` is the number of accepted nodes per unit of raw estimate observed in the
+match-length bucket of ``m``: calibrated on average per bucket, and smoothed toward ``PRIOR_RATE`` (what a node of a
+single occurrence is assumed to achieve) while the bucket has little evidence.
+
+The event counted is "the node was accepted given its parent was", which for a deterministic draft is exactly the
+target's probability of the node's token, whatever the sibling order. Evidence decays slowly (``DECAY`` per new
+observation in a bucket) so the numbers follow the model pair and the user's texts across sessions.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+BUCKET_STARTS = (1, 2, 3, 4, 5, 9, 17)          # match lengths 1, 2, 3, 4, 5-8, 9-16, 17+
+BUCKET_LABELS = ("1", "2", "3", "4", "5-8", "9-16", "17+")
+PRIOR_RATE = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75)
+PRIOR_WEIGHT = 4.0      # the prior counts as this many observations
+DECAY = 0.995
+KAPPA = 1.0             # pseudo-occurrences of an unseen continuation behind every raw estimate
+SINGLE = 1.0 / (1.0 + KAPPA)   # raw estimate of a token seen after one occurrence
+MAX_PROB = 0.98         # no memory guess is certain
+
+
+def bucket(match: int) -> int:
+    """Index of the bucket of a match length (lengths below 1 count as 1)."""
+    return bisect_right(BUCKET_STARTS, max(match, 1)) - 1
+
+
+def calibrated(scale: float, raw: float) -> float:
+    """A raw estimate times its bucket's calibration, kept below certainty."""
+    return min(MAX_PROB, scale * raw)
+
+
+def _zeros() -> list[float]:
+    return [0.0] * len(BUCKET_STARTS)
+
+
+@dataclass
+class MemoryStats:
+    """Per bucket: decayed counts of observed nodes, accepted nodes and the sum of their raw estimates."""
+
+    tested: list[float] = field(default_factory=_zeros)
+    accepted: list[float] = field(default_factory=_zeros)
+    predicted: list[float] = field(default_factory=_zeros)
+
+    def rate(self, match: int) -> float:
+        """Smoothed share of memory-drafted tokens accepted at this match length."""
+        b = bucket(match)
+        return (self.accepted[b] + PRIOR_WEIGHT * PRIOR_RATE[b]) / (self.tested[b] + PRIOR_WEIGHT)
+
+    def scale(self, match: int) -> float:
+        """Accepted nodes per unit of raw estimate at this match length (the calibration factor)."""
+        b = bucket(match)
+        return (self.accepted[b] + PRIOR_WEIGHT * PRIOR_RATE[b]) / (self.predicted[b] + PRIOR_WEIGHT * SINGLE)
+
+    def estimate(self, match: int, raw: float) -> float:
+        """Calibrated probability that a node is accepted given its parent was."""
+        return calibrated(self.scale(match), raw)
+
+    def observe(self, match: int, accepted: bool, raw: float) -> None:
+        b = bucket(match)
+        self.tested[b] = self.tested[b] * DECAY + 1.0
+        self.accepted[b] = self.accepted[b] * DECAY + float(accepted)
+        self.predicted[b] = self.predicted[b] * DECAY + raw
+
+    def copy(self) -> "MemoryStats":
+        return MemoryStats(list(self.tested), list(self.accepted), list(self.predicted))
+
+    def to_dict(self) -> dict:
+        return {"tested": self.tested, "accepted": self.accepted, "predicted": self.predicted}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MemoryStats":
+        """Raises ValueError when ``data`` is not what :meth:`to_dict` writes."""
+        try:
+            lists = [[float(v) for v in data[name]] for name in ("tested", "accepted", "predicted")]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"memory statistics are malformed: {exc}") from None
+        if any(len(v) != len(BUCKET_STARTS) or not all(math.isfinite(x) and x >= 0 for x in v) for v in lists):
+            raise ValueError("memory statistics have the wrong number of buckets or negative counts")
+        return cls(*lists)
