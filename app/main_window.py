@@ -5,6 +5,7 @@ live answer; the window shows what the session reports and passes on what the us
 """
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from core.events import GenerationResult
 from core.sampling import SamplingError
 
 STATUS_MS = 6000
+STATUS_INTERVAL_S = 0.5
 
 
 class MainWindow(QMainWindow):
@@ -42,6 +44,7 @@ class MainWindow(QMainWindow):
         self._editing: Message | None = None
         self.dialogs: list[QMessageBox] = []
         self.race = None
+        self._status_at = 0.0
         self.setWindowTitle("SpecLens")
         self.resize(1440, 880)
         self._build()
@@ -285,9 +288,13 @@ class MainWindow(QMainWindow):
     def _on_answer_frame(self, message: Message, events: tuple) -> None:
         self.transcript.stream(message)
         self.viz.on_steps(events)
-        self.speed_label.setText(f"{events[-1].stats.tokens_per_second:.1f} tok/s")
-        if events[-1].note:
-            self.statusBar().showMessage(events[-1].note, STATUS_MS)
+        now = time.monotonic()
+        if now - self._status_at >= STATUS_INTERVAL_S:   # numbers nobody can read faster than this
+            self._status_at = now
+            self.speed_label.setText(f"{events[-1].stats.tokens_per_second:.1f} tok/s")
+            note = events[-1].note
+            if note and note != self.statusBar().currentMessage():
+                self.statusBar().showMessage(note, STATUS_MS)
 
     def _on_answer_finished(self, message: Message | None, result: GenerationResult | None) -> None:
         if message is not None:

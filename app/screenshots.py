@@ -146,6 +146,7 @@ SCENES: dict[str, Callable[[SceneContext], object]] = {
     "plots": _viz_scene("plots"),
     "race": _viz_scene("race"),
     "planner": _viz_scene("planner"),
+    "learn": _viz_scene("learn"),
 }
 
 

@@ -14,12 +14,11 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 
 from app.chat.history import Conversation, HistoryError, HistoryReadOnlyError, HistoryStore, Message, storable
-from app.chat.loader import load_job
 from app.chat.origins import origin_codes
 from app.chat.stats import stats_record
 from app.history_writer import HistoryWriter
+from app.model_host import ModelHost
 from app.settings import AppSettings, SettingsError, save_settings
-from app.warmup import warm_job
 from app.worker import EngineRun
 from core.context import fit_chat
 from core.engine import SpeculativeEngine
@@ -83,15 +82,16 @@ class ChatSession(QObject):
         super().__init__()
         self.settings = settings
         self.store = store
-        self._load = load
         self._persist = persist
-        self.backends: tuple | None = None
-        self.strategy = None
-        self.is_warm = False
+        self.models = ModelHost(load, self)
+        self.models.loading.connect(self.loading)
+        self.models.ready.connect(self.models_ready)
+        self.models.failed.connect(self.models_failed)
+        self.models.error.connect(self.error)
+        self.models.warm.connect(self.warm)
+        self.models.warm.connect(self._on_warm)
         self.conv: Conversation | None = None
         self.answer: _Answer | None = None
-        self._loading: EngineRun | None = None
-        self._warming: EngineRun | None = None
         self._queued_send: tuple[str, Message | None] | None = None
         self._starts: dict[int, int] = {}      # conversation id -> first message kept in the prompt (sticky)
         self._closed = False
@@ -109,83 +109,32 @@ class ChatSession(QObject):
 
     @property
     def ready(self) -> bool:
-        return self.backends is not None
+        return self.models.backends is not None
+
+    @property
+    def backends(self) -> tuple | None:
+        return self.models.backends
+
+    @property
+    def strategy(self):
+        return self.models.strategy
+
+    @property
+    def is_warm(self) -> bool:
+        return self.models.is_warm
 
     def load_models(self) -> None:
         """Load the pair the settings name on a worker thread, then warm it up; sends wait for both."""
         try:
-            choice = self.settings.pair_choice()
+            self.models.load(self.settings)
         except SettingsError as exc:
             self.error.emit("Model pair", str(exc))
-            return
-        for run in (self._loading, self._warming):
-            if run is not None:
-                run.cancel()
-        self.backends, self.is_warm, self.strategy = None, False, None
-        run = EngineRun(load_job(choice, self._load), self)
-        run.frame.connect(lambda items: self._progress(items, 0.0, 0.7))
-        run.finished.connect(lambda pair, r=run: self._loaded(r, choice, pair))
-        run.failed.connect(lambda message, r=run: self._load_failed(r, choice, message))
-        self._loading = run
-        run.start()
-        self.loading.emit(0.0, f"Loading {choice.label}")
 
-    def _progress(self, items: tuple, lo: float, hi: float) -> None:
-        fraction, text = items[-1]
-        self.loading.emit(lo + (hi - lo) * fraction, text)
-
-    def _loaded(self, run: EngineRun, choice, pair) -> None:
-        if run is not self._loading or self._closed:
-            return
-        self._loading = None
-        self.backends = tuple(pair)
-        target, draft = self.backends
-        self.models_ready.emit(f"{choice.label} ({target.name} + {draft.name})")
-        self._warm_up()
-
-    def _load_failed(self, run: EngineRun, choice, message: str) -> None:
-        if run is not self._loading or self._closed:
-            return
-        self._loading = None
-        if not run.cancel_event.is_set():
-            self.models_failed.emit(f"Could not load the {choice.label} model pair: {message}")
-
-    def _warm_up(self) -> None:
-        """Measure or load the strategy's plan and run both models at the sizes it uses, so the first answer starts
-        as fast as later ones."""
-        try:
-            self.strategy = self.settings.build_strategy()
-            sampling = self.settings.sampling()
-        except (SettingsError, SamplingError) as exc:
-            self.error.emit("Settings", f"Cannot generate with these settings: {exc}")
-            return
-        run = EngineRun(warm_job(self.backends, self.strategy, sampling), self)
-        run.frame.connect(lambda items: self._progress(items, 0.7, 1.0))
-        run.finished.connect(lambda _, r=run: self._warmed(r))
-        run.failed.connect(lambda message, r=run: self._warm_failed(r, message))
-        self._warming = run
-        run.start()
-
-    def _warmed(self, run: EngineRun) -> None:
-        if run is not self._warming or self._closed:
-            return
-        self._warming = None
-        self.is_warm = True
-        self.loading.emit(1.0, "Ready")
-        self.warm.emit()
+    def _on_warm(self) -> None:
         if self._queued_send is not None:
             text, replacing = self._queued_send
             self._queued_send = None
             self.send(text, replacing)
-
-    def _warm_failed(self, run: EngineRun, message: str) -> None:
-        if run is not self._warming or self._closed:
-            return
-        self._warming = None
-        self.error.emit("Warm-up", f"Measuring this machine for {self.strategy.label} failed: {message}. "
-                                   "Answers still work; the first one may start slower.")
-        self.is_warm = True
-        self.warm.emit()
 
     # -- settings ----------------------------------------------------------------------------------------------
     def apply_settings(self, new: AppSettings) -> None:
@@ -199,7 +148,7 @@ class ChatSession(QObject):
             except SettingsError as exc:
                 self.error.emit("Settings", str(exc))
         try:
-            reload = new.pair_choice() != old.pair_choice() or (self.backends is None and self._loading is None)
+            reload = new.pair_choice() != old.pair_choice() or (self.backends is None and not self.models.busy)
         except SettingsError as exc:
             self.error.emit("Model pair", str(exc))
             return
@@ -207,8 +156,7 @@ class ChatSession(QObject):
             self.stop(wait=True)
             self.load_models()
         elif self.backends is not None and _decoding(new) != _decoding(old):
-            self.is_warm = False
-            self._warm_up()
+            self.models.warm_up(new)
 
     # -- conversations -----------------------------------------------------------------------------------------
     def refresh_conversations(self) -> None:
@@ -476,10 +424,7 @@ class ChatSession(QObject):
             self.writer.update(answer.message)
             self.answer = None
         self._closed = True
-        for run in (self._loading, self._warming):
-            if run is not None:
-                run.cancel()
-                run.wait(CLOSE_WAIT_MS)
+        self.models.close(CLOSE_WAIT_MS)
         if answer is not None:
             answer.run.wait()   # a thread must not outlive its QThread object
         self.writer.flush()

@@ -21,6 +21,7 @@ from core.sampling import SamplingParams
 
 REGISTRY_PAIRS = tuple(PAIRS)
 CUSTOM_PAIR = "custom"
+AUTO_DEVICE = "auto"   # a GPU when there is one, else the CPU (core.backends.devices)
 MAX_TREE_NODES = MAX_TREE_LEAVES   # a static tree of this many nodes has at most this many leaves, so it fits
 
 
@@ -45,10 +46,10 @@ def data_dir() -> Path:
 
 
 def available_devices() -> list[str]:
-    """Devices the engine can run on here: always the CPU, plus CUDA when torch sees a GPU."""
+    """Devices the engine can run on here: auto (a GPU when present), the CPU, and CUDA when torch sees a GPU."""
     import torch
 
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return [AUTO_DEVICE, "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class PairChoice:
 
     name: str
     backend: str
-    device: str
+    device: str | None   # None: a GPU when there is one, else the CPU
     target_path: str = ""
     draft_path: str = ""
 
@@ -146,7 +147,7 @@ class AppSettings:
     target_path: str = ""
     draft_path: str = ""
     backend: str = "llama.cpp"
-    device: str = "cpu"
+    device: str = AUTO_DEVICE
     strategy: str = "auto"
     chain_k: int = 4
     multi_k: int = 2
@@ -173,7 +174,7 @@ class AppSettings:
         if self.pair == CUSTOM_PAIR and not (self.target_path and self.draft_path):
             raise SettingsError("a custom pair needs both a target and a draft model (GGUF file or folder)")
         paths = (self.target_path, self.draft_path) if self.pair == CUSTOM_PAIR else ("", "")
-        return PairChoice(self.pair, self.backend, self.device, *paths)
+        return PairChoice(self.pair, self.backend, None if self.device == AUTO_DEVICE else self.device, *paths)
 
     def sampling(self) -> SamplingParams:
         """The sampling parameters; raises core.sampling.SamplingError on a bad value."""

@@ -20,7 +20,7 @@ from core.backends.base import BackendError
 
 log = logging.getLogger(__name__)
 
-FRAME_HZ = 20
+FRAME_HZ = 10    # the chat streams text at this rate; the live view draws less often (app.viz.panel)
 EXPECTED = (BackendError, ValueError, OSError, MemoryError)
 Push = Callable[[Any], None]
 Job = Callable[[Push, threading.Event], Any]   # job(push, cancel) -> result

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Collection, Protocol, Sequence
 
 import torch
 
 from core.backends.base import Backend
 from core.events import PlanEvent
 from core.sampling import Rng, SamplingParams, greedy_token, logits_to_probs
+from core.spectr import KSEQ, RULE3, VERIFIERS, verify_spectr
 from core.tree import Proposal, TokenTree, depths_of, shape_from_parents
-from core.verify import Verdict
+from core.verify import Verdict, verify_tree
+
+# how sampled trees are verified: (tree, target_dist, rng, eos_ids) -> Verdict (greedy decoding always takes the
+# engine's argmax fast path, which every verifier reduces to when the target is one-hot)
+Verifier = Callable[[TokenTree, Callable[[int], torch.Tensor], Rng, Collection[int]], Verdict]
 
 SAMPLING_MODES = ("without_replacement", "iid", "top_k")
 CATCH_UP = 32   # uncached tokens a draft model evaluates in front of its tree; more go through prefill
@@ -27,6 +32,7 @@ class Drafter(Protocol):
 
     note: str                           # a sentence for the views: what this drafter did on its last step, and why
     shape: tuple[int, ...] | None       # the planned tree shape of its last draft, when it follows one
+    verify: Verifier                    # the rule its trees are verified with: rule 3 unless its drafts need another
 
     def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
         """Prepare for a new generation whose context is ``prompt`` (a draft model prefills it, cancellably)."""
@@ -49,6 +55,7 @@ class DrafterBase:
 
     note = ""
     shape: tuple[int, ...] | None = None
+    verify = staticmethod(verify_tree)
 
     def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
         """Nothing to prepare."""
@@ -243,22 +250,28 @@ class Chain(StaticStrategy):
 
 @dataclass(frozen=True)
 class MultiDraft(StaticStrategy):
-    """SpecTr-style: ``k`` independent draft sequences of ``length`` tokens from the root, verified as one tree.
+    """SpecTr's drafts: ``k`` independent draft sequences of ``length`` tokens from the root, verified as one tree.
 
+    ``verifier``: ``"specinfer"`` (rule 3: each sequence is a branch, tested in order with the residual carried from
+    one rejected sibling to the next) or ``"spectr"`` (SpecTr's k-sequential selection, core.spectr: at each level
+    every sequence that agrees with the accepted prefix is a candidate). Same drafts, two lossless rules.
     At temperature 0 the sequences start from the draft's top-``k`` tokens (independent greedy drafts would coincide).
     """
 
     k: int = 2
     length: int = 3
+    verifier: str = RULE3
 
     def __post_init__(self) -> None:
         for name, v in (("k", self.k), ("length", self.length)):
-            if not isinstance(v, int) or not 1 <= v <= 32:
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 32:
                 raise ValueError(f"MultiDraft: {name} must be an integer in 1..32, got {v!r}")
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"MultiDraft: verifier must be one of {VERIFIERS}, got {self.verifier!r}")
 
     @property
     def label(self) -> str:
-        return f"MultiDraft({self.k}x{self.length})"
+        return f"MultiDraft({self.k}x{self.length}{', SpecTr' if self.verifier == KSEQ else ''})"
 
     @property
     def parents(self) -> tuple[int, ...]:
@@ -269,7 +282,10 @@ class MultiDraft(StaticStrategy):
         return tuple(parents)
 
     def make_drafter(self, draft: Backend | None, params: SamplingParams, rng: Rng) -> Drafter:
-        return _model_drafter(draft, self.parents, "iid", params, rng, "draft")
+        drafter = _model_drafter(draft, self.parents, "iid", params, rng, "draft")
+        if self.verifier == KSEQ:
+            drafter.verify = verify_spectr   # the same drafts, verified by K-SEQ
+        return drafter
 
 
 @dataclass(frozen=True)

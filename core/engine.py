@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 import torch
 
 from core.backends.base import (Backend, Cancelled, ContextLengthError, Progress, check_pair, check_token_ids)
-from core.drafting import Baseline, Drafter, Strategy
+from core.drafting import Baseline, Drafter, Strategy, Verifier
 from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
 from core.record import GenerationRecord, Seen
 from core.sampling import Rng, SamplingParams, greedy_token, logits_to_probs, top2_margin
@@ -80,11 +80,12 @@ class SpeculativeEngine:
             return
         record = GenerationRecord(self.target, prompt, time.perf_counter() - t_start, self.strategy.label,
                                   self.sampling.greedy)
+        rule = drafter.verify if drafter is not None else verify_tree
         while (stop := self._stop_reason(record, max_new_tokens, cancel)) is None:
             t0 = time.perf_counter()
             tree = self._draft(drafter, record, max_new_tokens)
             t1 = time.perf_counter()
-            verdict, seen, target_seconds = self._verify(tree, record.tokens, rng)
+            verdict, seen, target_seconds = self._verify(tree, record.tokens, rng, rule)
             if drafter is not None:
                 drafter.feedback(tree, verdict)
             t2 = time.perf_counter()
@@ -146,8 +147,9 @@ class SpeculativeEngine:
             tree = tree.truncated(max_nodes=nodes, max_depth=depth)
         return tree
 
-    def _verify(self, tree: TokenTree, tokens: list[int], rng: Rng) -> tuple[Verdict, Seen, float]:
-        """One target call on the uncached tokens plus the tree, then verification and the target's commit.
+    def _verify(self, tree: TokenTree, tokens: list[int], rng: Rng, rule: Verifier) -> tuple[Verdict, Seen, float]:
+        """One target call on the uncached tokens plus the tree, then verification (``rule``, the drafter's) and the
+        target's commit.
 
         Returns the verdict, what the views show of it, and the seconds spent inside the target's forward call.
         Greedy decoding takes argmaxes straight from the logits rows; sampling processes only the rows reached.
@@ -174,7 +176,7 @@ class SpeculativeEngine:
                     p_rows[u] = logits_to_probs(row(u), self.sampling)
                 return p_rows[u]
 
-            verdict = verify_tree(tree, target_dist, rng, eos)
+            verdict = rule(tree, target_dist, rng, eos)
             seen = Seen(verdict.target_p)
         target.commit(list(range(len(pending))) + [len(pending) + j for j in verdict.accepted])
         return verdict, seen, target_seconds

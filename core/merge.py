@@ -11,6 +11,10 @@ distribution given the siblings verified before it. Two rules guarantee that:
   dropping it when it collided would bias the law of the tokens drawn after it.
 
 Put sampling drafters (the draft model) first and deterministic ones (n-gram lookup) after them.
+
+:class:`Merge` takes the parts' drafters as they are; :class:`MergedTree` sizes each part's share of a node budget
+from its acceptance (core.tree_budget: Sequoia's DP for a model drafter, a chain value for a lookup). Every node
+carries its drafter's name in ``TokenTree.source``, which the tree view colours.
 """
 from __future__ import annotations
 
@@ -18,9 +22,13 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from core.backends.base import Backend
-from core.drafting import DrafterBase, StaticStrategy
+from core.drafting import DrafterBase, ModelDrafter, StaticStrategy
+from core.memory import MemoryDrafter
+from core.ngram import NGramDrafter
 from core.sampling import Rng, SamplingParams
+from core.sequoia import PAPER_ACCEPTANCE
 from core.tree import TokenTree
+from core.tree_budget import DrafterModel, Share, Split, split_budget
 from core.verify import Verdict
 
 
@@ -111,3 +119,71 @@ class Merge(StaticStrategy):
     def make_drafter(self, draft: Backend | None, params: SamplingParams, rng: Rng) -> MergedDrafter:
         drafters = [p.make_drafter(draft, params, rng) for p in self.parts]
         return MergedDrafter([d for d in drafters if d is not None])
+
+
+# The drafters a MergedTree can hold: whether each drafts any shape (a model) or the chain it finds (a lookup).
+SHAPED = {"draft": True, "ngram": False, "memory": False}
+MAX_BUDGET = 64
+
+
+@dataclass(frozen=True)
+class Part:
+    """One drafter of a MergedTree: its kind (a key of SHAPED) and its measured acceptance, Sequoia's ``a_r`` for
+    the draft model, the acceptance at each position of the chain for a lookup (core.tree_budget). A lookup's
+    acceptance counts the steps where it found nothing to propose as rejections, so that it is P(drafted and kept).
+    Measured alone, a part's vector ignores how the parts before it change its chances (see core.tree_budget)."""
+
+    kind: str
+    acceptance: tuple[float, ...] = PAPER_ACCEPTANCE
+
+    def __post_init__(self) -> None:
+        if self.kind not in SHAPED:
+            raise ValueError(f"MergedTree: unknown part {self.kind!r}; choose from {sorted(SHAPED)}")
+        object.__setattr__(self, "acceptance", tuple(float(a) for a in self.acceptance))
+        self.model()  # checks the acceptance vector
+
+    def model(self) -> DrafterModel:
+        return DrafterModel(self.kind, self.acceptance, SHAPED[self.kind])
+
+
+def _part_drafter(share: Share, max_depth: int, draft: Backend | None, params: SamplingParams, rng: Rng):
+    """The drafter that fills one share: the draft model with the share's shape, or a lookup of its size."""
+    if share.source == "draft":
+        if draft is None:
+            raise ValueError("MergedTree: a 'draft' part needs a draft model")
+        return ModelDrafter(draft, share.parents, "without_replacement", params, rng, "draft")
+    if share.source == "ngram":
+        return NGramDrafter(k=share.nodes)
+    return MemoryDrafter(budget=share.nodes, max_depth=min(max_depth, share.nodes))
+
+
+@dataclass(frozen=True)
+class MergedTree(StaticStrategy):
+    """Several drafters in one tree of ``budget`` tokens per target call (the committed one included) and depth at
+    most ``max_depth``, each part given the share that maximises the expected tokens per call, e.g.
+    ``MergedTree((Part("draft", measured_a), Part("ngram", (0.6, 0.5, 0.5))), budget=16)``."""
+
+    parts: tuple[Part, ...]
+    budget: int = 16
+    max_depth: int = 6
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple(self.parts))
+        if not self.parts or not all(isinstance(p, Part) for p in self.parts):
+            raise ValueError("MergedTree needs one or more Part(kind, acceptance)")
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 2 <= self.budget <= MAX_BUDGET:
+            raise ValueError(f"MergedTree: budget must be an integer in 2..{MAX_BUDGET}, got {self.budget!r}")
+        self.split  # checks max_depth
+
+    @property
+    def split(self) -> Split:
+        return split_budget([p.model() for p in self.parts], self.budget, self.max_depth)
+
+    @property
+    def label(self) -> str:
+        shares = " + ".join(f"{s.source} {s.nodes}" for s in self.split.shares if s.nodes)
+        return f"MergedTree({self.budget}: {shares or 'nothing'})"
+
+    def make_drafter(self, draft: Backend | None, params: SamplingParams, rng: Rng) -> MergedDrafter | None:
+        drafters = [_part_drafter(s, self.max_depth, draft, params, rng) for s in self.split.shares if s.nodes]
+        return MergedDrafter(drafters) if drafters else None   # no part is worth a node: plain decoding

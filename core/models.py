@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from core.assembly import Chunk, ChunkedFile, Progress, assemble, cache_dir
 from core.backends.base import Backend, IncompatibleModelsError, ModelLoadError, check_pair
+from core.backends.devices import (LOAD_ADVICE, check_device, default_dtype, is_out_of_memory,
+                                   out_of_memory_as_error)
 from core.backends.llamacpp import check_gguf_file
 
 __all__ = ["BACKENDS", "PAIRS", "ModelLoadError", "PairSpec", "load_custom_pair", "load_pair", "load_backend"]
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("llama.cpp", "hf")
 
@@ -103,40 +110,67 @@ def _scaled(progress: Progress | None, lo: float, hi: float) -> Progress | None:
 
 
 # -- transformers: folders, and GGUF files converted once -------------------------------------------------------------
-def _hf_from_folder(folder: Path, device: str | None, name: str) -> Backend:
+def _read_folder(folder: Path, dtype: torch.dtype):
+    """(model in ``dtype``, tokenizer) of a transformers folder; any failure to read it is a ModelLoadError naming it
+    (running out of memory is OutOfMemory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    with out_of_memory_as_error(f"loading {folder}", "cpu", LOAD_ADVICE):
+        try:
+            return (AutoModelForCausalLM.from_pretrained(folder, dtype=dtype), AutoTokenizer.from_pretrained(folder))
+        except Exception as e:   # a damaged folder fails deep in safetensors, tokenizers or json, each its own way
+            if is_out_of_memory(e):
+                raise
+            raise ModelLoadError(f"cannot load a transformers model from {folder}: {e}") from e
+
+
+def _hf_backend(model, tokenizer, device: str, name: str) -> Backend:
     from core.backends.hf import HFBackend
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder)
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"cannot load a transformers model from {folder}: {e}") from e
     return HFBackend(model, tokenizer, device=device, name=name)
 
 
-def converted_folder(gguf: Path) -> Path:
-    """Where the safetensors conversion of ``gguf`` is cached (keyed by the file's path, size and mtime)."""
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def converted_folder(gguf: Path, dtype: torch.dtype) -> Path:
+    """Where the safetensors conversion of ``gguf`` at precision ``dtype`` is cached (keyed by the file's path, size
+    and mtime, and the precision: a GPU machine keeps a bfloat16 copy, never a float32 one)."""
     st = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_dir() / "hf" / f"{gguf.stem}-{key}"
+    return cache_dir() / "hf" / f"{gguf.stem}-{key}-{_dtype_name(dtype)}"
 
 
 _DONE_MARK = "speclens-converted.json"
 
 
-def _convert_gguf(gguf: Path, folder: Path, progress: Progress | None) -> None:
-    """Dequantise ``gguf`` with transformers and save model + tokenizer to ``folder`` (renamed in when complete)."""
+def _dequantised(gguf: Path) -> dict:
+    """from_pretrained arguments that unpack every GGUF weight into a plain tensor: transformers versions that can
+    keep weights packed would otherwise leave a model that cannot be saved as safetensors."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:   # older transformers always dequantise
+        return {}
+    return {"quantization_config": GgufConfig(gguf_file=str(gguf), dequantize=True)}
+
+
+def _convert_gguf(gguf: Path, folder: Path, dtype: torch.dtype, progress: Progress | None) -> None:
+    """Dequantise ``gguf`` with transformers to ``dtype`` and save model + tokenizer to ``folder`` (renamed in when
+    complete)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if progress:
         progress(f"Converting {gguf.name} for transformers (once; about a minute per GB)", 0.0)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype,
+                                                     **_dequantised(gguf))
     except (OSError, ValueError, KeyError, RuntimeError) as e:
+        if is_out_of_memory(e):
+            raise
         raise ModelLoadError(f"transformers cannot load {gguf}: {e}") from e
+    model = model.to(dtype)
     # the weights are plain tensors once dequantised; the GGUF marker left on the model only blocks saving them
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -148,28 +182,45 @@ def _convert_gguf(gguf: Path, folder: Path, progress: Progress | None) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / _DONE_MARK).write_text(json.dumps({"source": str(gguf)}))
+        (tmp / _DONE_MARK).write_text(json.dumps({"source": str(gguf), "dtype": _dtype_name(dtype)}))
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _hf_from_gguf(gguf: Path, device: str | None, progress: Progress | None) -> Backend:
-    folder = converted_folder(gguf)
-    if not (folder / _DONE_MARK).is_file():
+def _hf_from_gguf(gguf: Path, device: str, dtype: torch.dtype, progress: Progress | None) -> Backend:
+    """The GGUF file converted once for transformers; a damaged converted copy is deleted and converted again once."""
+    folder = converted_folder(gguf, dtype)
+    loaded = None
+    if (folder / _DONE_MARK).is_file():
+        if progress:
+            progress(f"Loading {gguf.name} (transformers)", 0.9)
+        try:
+            loaded = _read_folder(folder, dtype)
+        except ModelLoadError as e:
+            log.warning("the converted copy in %s is damaged (%s): converting %s again", folder, e, gguf.name)
+            shutil.rmtree(folder, ignore_errors=True)
+    if loaded is None:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        _convert_gguf(gguf, folder, progress)
-    if progress:
-        progress(f"Loading {gguf.name} (transformers)", 0.9)
-    return _hf_from_folder(folder, device, gguf.name)
+        with out_of_memory_as_error(f"converting {gguf.name}", "cpu", LOAD_ADVICE):
+            _convert_gguf(gguf, folder, dtype, progress)
+        if progress:
+            progress(f"Loading {gguf.name} (transformers)", 0.9)
+        try:
+            loaded = _read_folder(folder, dtype)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"the converted copy of {gguf.name} in {folder} cannot be loaded ({e}); delete "
+                                 "that folder, check the disk, or use the llama.cpp backend") from e
+    return _hf_backend(*loaded, device, gguf.name)
 
 
 def load_backend(path: str | Path, backend: str | None = None, device: str | None = None, n_threads: int | None = None,
-                 progress: Progress | None = None) -> Backend:
+                 progress: Progress | None = None, dtype: torch.dtype | None = None) -> Backend:
     """One model as a backend: a GGUF file on llama.cpp (or converted for ``backend="hf"``), or a transformers folder.
 
-    ``backend=None`` infers it: a file -> llama.cpp, a folder -> hf.
+    ``backend=None`` infers it: a file -> llama.cpp, a folder -> hf. On transformers, ``device=None`` is CUDA when
+    present, else the CPU, and ``dtype=None`` is the device's precision (core.backends.devices.default_dtype).
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -182,10 +233,12 @@ def load_backend(path: str | Path, backend: str | None = None, device: str | Non
             raise ModelLoadError(f"{path} is a transformers folder; the llama.cpp backend needs a .gguf file")
         if progress:
             progress(f"Loading {path.name} (transformers)", 0.0)
-        return _hf_from_folder(path, device, path.name)
+        device = check_device(device)
+        return _hf_backend(*_read_folder(path, dtype or default_dtype(device)), device, path.name)
     check_gguf_file(path)
     if kind == "hf":
-        return _hf_from_gguf(path, device, progress)
+        device = check_device(device)
+        return _hf_from_gguf(path, device, dtype or default_dtype(device), progress)
     from core.backends.llamacpp import LlamaCppBackend
 
     if progress:

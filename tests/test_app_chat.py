@@ -350,7 +350,7 @@ def test_loading_shows_progress_and_closing_mid_load_ends_cleanly(make_window, q
     assert window.progress_label.text() == "Assembling the target model"
     assert not window.send_button.isEnabled() and "loading" in window.pair_label.text()
     assert reported.is_set()
-    run = window.session._loading
+    run = window.session.models.loading_run
     window.close()
     assert not run._thread.isRunning()
 

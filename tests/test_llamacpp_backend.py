@@ -122,6 +122,24 @@ def test_commit_keeps_exactly_the_path(target, files, path):
     assert target.committed == kept + [50]
 
 
+@pytest.mark.parametrize("keep", [0, 1, 3, 4])
+def test_a_chain_evaluated_in_place_commits_a_prefix(target, files, keep):
+    # a chain (a plain step, a chain draft) goes on the committed sequence itself; a commit cuts its tail
+    prompt = target.tokenize("in on and")
+    chain = TokenTree.chain([60, 61, 62, 63])
+    target.prefill(prompt)
+    target.forward_tree(chain)
+    target.commit(list(range(keep)))
+    kept = prompt + chain.tokens[:keep]
+    assert target.committed == kept
+    branchy = sample_tree()                      # then a tree with branches must still see only the kept prefix
+    after = target.forward_tree(branchy).dense()
+    target.commit([])
+    fresh = LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=1, precise=True)
+    fresh.prefill(kept)
+    assert (after - fresh.forward_tree(branchy).dense()).abs().max().item() <= TOL
+
+
 def test_prefill_reuses_and_rewinds_the_cache(target, files):
     fresh = LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=1, precise=True)
     a = target.tokenize("the theory of the thing")

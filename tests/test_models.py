@@ -180,7 +180,7 @@ def test_mixed_pair_converts_once_and_reloads_from_cache(tiny_registry, monkeypa
 
     target, draft = load_pair("fake", backend="hf", draft_backend="llama.cpp", n_threads=1)
     assert isinstance(target, HFBackend) and isinstance(draft, LlamaCppBackend)
-    folder = models.converted_folder(assembly.cache_dir() / "target.gguf")
+    folder = models.converted_folder(assembly.cache_dir() / "target.gguf", torch.float32)
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     prompt = draft.tokenize("the other thing")
     first = target.prefill(prompt)
@@ -194,6 +194,49 @@ def test_mixed_pair_converts_once_and_reloads_from_cache(tiny_registry, monkeypa
     # the dequantised copy and llama.cpp agree up to llama.cpp's float16 attention (measured 0.012)
     llama_target, _ = load_pair("fake", n_threads=1)
     assert (first - llama_target.prefill(prompt)).abs().max() < 0.1
+
+
+def test_conversion_is_cached_per_precision(tmp_path, packages):
+    from safetensors import safe_open
+
+    gguf = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=0)
+    single = models.load_backend(gguf, "hf", device="cpu")
+    assert single.dtype == torch.float32   # the CPU's default precision
+    half = models.load_backend(gguf, "hf", device="cpu", dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16
+    folders = {dtype: models.converted_folder(gguf, dtype) for dtype in (torch.float32, torch.bfloat16)}
+    assert folders[torch.float32] != folders[torch.bfloat16]
+    for dtype, folder in folders.items():
+        with safe_open(folder / "model.safetensors", "pt") as weights:   # saved at that precision, not float32
+            assert {weights.get_tensor(k).dtype for k in weights.keys()} == {dtype}
+    prompt = single.tokenize("the other thing")
+    logits = single.prefill(prompt)
+    # the same model: bfloat16 rounding only (see tests/test_hf_static.py for the measured tolerance)
+    assert (logits - half.prefill(prompt).float()).abs().max() < 0.15 * logits.abs().max()
+
+
+def test_damaged_conversion_is_converted_again(tmp_path, packages, monkeypatch):
+    gguf = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=0)
+    first = models.load_backend(gguf, "hf", device="cpu")
+    prompt = first.tokenize("the other thing")
+    expected = first.prefill(prompt)
+    weights = models.converted_folder(gguf, torch.float32) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])   # what a full disk or a killed copy leaves
+    conversions = []
+    convert = models._convert_gguf
+    monkeypatch.setattr(models, "_convert_gguf", lambda *args: (conversions.append(args), convert(*args)))
+    again = models.load_backend(gguf, "hf", device="cpu")
+    assert len(conversions) == 1 and torch.equal(again.prefill(prompt), expected)
+
+    def broken_conversion(gguf, folder, dtype, progress):   # a conversion that keeps writing a damaged copy
+        convert(gguf, folder, dtype, progress)
+        (folder / "model.safetensors").write_bytes(b"\0" * 100)
+
+    monkeypatch.setattr(models, "_convert_gguf", broken_conversion)
+    weights.write_bytes(b"")
+    folder = str(weights.parent)
+    with pytest.raises(ModelLoadError, match=f"converted copy of t.gguf in {folder} cannot be loaded"):
+        models.load_backend(gguf, "hf", device="cpu")
 
 
 def test_load_pair_rejects_bad_requests():

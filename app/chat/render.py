@@ -19,7 +19,7 @@ from pygments.util import ClassNotFound
 from app.theme import MONO_FONT, Theme
 
 COPY_SCHEME = "copy-code"
-CODE_CHUNK_LINES = 32  # a code block still streaming is highlighted in chunks of this many lines, each chunk once
+CODE_CHUNK_LINES = 8   # a code block still streaming is highlighted in chunks of this many lines, each chunk once
 
 
 @cache

@@ -28,8 +28,8 @@ MARGIN_X, MARGIN_Y, SPACING = 18, 14, 10
 FOLLOW_SLACK = 8           # this close to the end (pixels) counts as at the end: the view follows the answer
 SCROLL_STEP = 40
 SETTLE_ROUNDS = 4          # measuring new cards moves the view's contents; a few rounds find the cards it then needs
-STREAM_SHARE = 0.25        # rendering a streaming answer takes at most this share of the GUI thread...
-STREAM_FREE_S = 0.010      # ...once one update costs more than this (a long code block still open)
+STREAM_SHARE = 0.03        # rendering a streaming answer takes at most this share of a core (on a 2-core machine
+STREAM_FREE_S = 0.001      # the decode pays for every GUI millisecond) once one update costs more than this
 EMPTY_HINT = ("Ask anything. Enter sends, Shift+Enter adds a line.\n"
               "Accepted draft tokens are highlighted as the answer streams.")
 

@@ -5,11 +5,13 @@ and Auto's plan arrive inside the steps (StepEvent.shape, StepEvent.plan).
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import QLabel, QTabWidget, QVBoxLayout, QWidget
 
+from app.viz.learn_view import LearnView
 from app.viz.planner_view import PlannerView
 from app.viz.plots import PlotsWidget
 from app.viz.tree_view import BACKGROUND as TREE_BACKGROUND
@@ -32,11 +34,15 @@ def stats_line(event: StepEvent | None, result: GenerationResult | None = None) 
     return line
 
 
+DRAW_INTERVAL_S = 0.25   # live drawing at most 4 times a second: a viewer cannot read trees faster, and on a
+                         # 2-core machine every millisecond the GUI draws is taken from the decode
+
+
 class VizPanel(QWidget):
     """Receives the engine's events for the answer being generated, a frame at a time, and shows them live.
 
-    Every step is kept (the slider replays any of them); each frame draws only what is visible: the newest tree if
-    the Tree tab shows, the plots if the Plots tab shows, the plan when one arrives.
+    Every step is kept (the slider replays any of them); the drawing is bounded: at most every DRAW_INTERVAL_S, and
+    only what is visible: the newest tree if the Tree tab shows, the plots if the Plots tab shows.
     """
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -46,15 +52,20 @@ class VizPanel(QWidget):
         self.tree = TreeReplay()
         self.plots = PlotsWidget()
         self.planner = PlannerView()
+        self.learn = LearnView()
         self.tabs = QTabWidget()
         self.tabs.addTab(self.tree, "Tree")
         self.tabs.addTab(self.plots, "Plots")
         self.tabs.addTab(self.planner, "Planner")
+        self.tabs.addTab(self.learn, "Learn")
+        self.tree.slider.valueChanged.connect(self._explain_step)  # Learn explains the step the replay shows
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.summary)
         layout.addWidget(self.tabs, 1)
         self.label = ""
+        self._drawn_at = 0.0
+        self._undrawn: list[StepEvent] = []
         self._follow_palette()
 
     def changeEvent(self, event) -> None:
@@ -76,28 +87,44 @@ class VizPanel(QWidget):
     def set_plan(self, plan: PlanEvent) -> None:
         """Show what the planner measured and chose."""
         self.planner.show_plan(plan)
+        self.learn.set_plan(plan)
+
+    def _explain_step(self, i: int) -> None:
+        if i < len(self.learn.events):
+            self.learn.show_index(i)
 
     def on_generation_started(self, strategy_label: str) -> None:
         """A new answer starts: clear the previous one's data."""
         self.label = strategy_label
+        self._undrawn = []
         self.tree.reset()
         self.plots.reset()
+        self.learn.reset()
         self.summary.setText(f"{strategy_label}: generating\u2026")
 
     def on_steps(self, events: Sequence[StepEvent]) -> None:
         """The steps of the current answer since the last frame."""
-        if not events:
-            return
         for event in events:
             self.plots.add_step(event)
             if event.plan is not None:
                 self.set_plan(event.plan)
-        self.tree.add_steps(events)
+        self._undrawn.extend(events)
+        now = time.monotonic()
+        if self._undrawn and now - self._drawn_at >= DRAW_INTERVAL_S:
+            self._draw()
+            self._drawn_at = now
+
+    def _draw(self) -> None:
+        self.tree.add_steps(self._undrawn)
+        self.learn.add_steps(self._undrawn)
         self.plots.refresh()
-        self.summary.setText(stats_line(events[-1]))
+        self.summary.setText(stats_line(self._undrawn[-1]))
+        self._undrawn = []
 
     def on_finished(self, result: GenerationResult) -> None:
         """The answer ended (EOS, limit, cancel)."""
+        if self._undrawn:
+            self._draw()
         self.tree.view.finish_animation()  # the answer's last tree stays settled, whenever the window is looked at
         self.plots.refresh()
         self.summary.setText(stats_line(None, result))

@@ -136,3 +136,24 @@ def scene_planner(ctx) -> QWidget:
     feed(panel, strategy, planned)
     panel.tabs.setCurrentWidget(panel.planner)
     return panel
+
+
+def scene_learn(ctx) -> QWidget:
+    """The Learn tab on a sampled step of the planned Sequoia tree (temperature 0.7): each tested node's test, the
+    residual behind the correction, the chain formula against the measured point, and the plan's c(n, d)."""
+    pair = ctx.window().session.backends
+    warm_up(pair)
+    plan = get_plan(pair[0], pair[1], SamplingParams(temperature=0.0))
+    if plan.tree is None:
+        raise ValueError("the planner found no tree to explain: no draft token was accepted during calibration")
+    strategy = Tree(plan.tree.parents, name=f"Sequoia({plan.tree.budget})")
+    result = record(pair, strategy, SamplingParams(temperature=0.7, seed=7), 48)
+    panel = VizPanel()
+    panel.resize(*PANEL_SIZE)
+    panel.set_plan(plan.to_event("Auto's plan for this pair and machine"))
+    feed(panel, strategy, result)
+    i = telling_step(result.steps)
+    panel.tree.show_index(i, animate=False)
+    panel.learn.show_index(i)
+    panel.tabs.setCurrentWidget(panel.learn)
+    return panel

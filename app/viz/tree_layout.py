@@ -19,6 +19,11 @@ CORRECTION = Origin.CORRECTION.value
 BONUS = Origin.BONUS.value
 PLANNED = "planned"
 
+# Which drafter proposed a node, shown as a coloured badge when one step's tree mixes several (core.merge). The hues
+# stay clear of the fate colours (green, red, grey, orange, blue).
+SOURCE_COLOURS = {"draft": "#7e57c2", "ngram": "#00897b", "memory": "#c29100", "self": "#8d6e63"}
+OTHER_SOURCE = "#546e7a"
+
 VISIBLE_WHITESPACE = {" ": "\u2423", "\n": "\u23ce", "\t": "\u21e5", "\r": "\u240d"}
 MAX_LABEL = 12
 
@@ -62,6 +67,17 @@ class Box:
     detail: str         # the hover / click explanation
     on_path: bool = False   # on the accepted path (root, accepted nodes, and the extra token)
     caption: str = ""   # small print under the box: the probabilities verification used
+    source: str = ""    # the drafter that proposed it, set only when the step's tree mixes drafters
+
+
+def source_colour(source: str) -> str:
+    return SOURCE_COLOURS.get(source, OTHER_SOURCE)
+
+
+def mixed_sources(nodes: Sequence[NodeInfo]) -> tuple[str, ...]:
+    """The drafters of a step's tree in order of appearance, when there are several; () otherwise."""
+    sources = tuple(dict.fromkeys(n.source for n in nodes if n.source))
+    return sources if len(sources) > 1 else ()
 
 
 def match_planned_slots(nodes: Sequence[NodeInfo], shape: Sequence[int]) -> dict[int, int]:
@@ -190,9 +206,11 @@ def layout_step(event: StepEvent) -> list[Box]:
     key_of = {n.index: (f"s{slot_of[n.index]}" if n.index in slot_of else f"n{n.index}") for n in nodes}
     on_path = set(event.accepted_path)
     greedy = event.greedy
+    mixed = bool(mixed_sources(nodes))
     entries: list[tuple[str, str, str, str | None, int, str, bool, str]] = [
         ("root", ROOT, visible_token(root_text) if root_text else "prompt", None, 0,
          "the last committed token: every drafted node continues from here", True, "")]
+    source_of = {key_of[n.index]: n.source for n in nodes} if mixed else {}
     for n in nodes:
         parent_key = "root" if n.parent < 0 else key_of[n.parent]
         entries.append((key_of[n.index], n.fate.value, token_label(n.text, n.special), parent_key, n.depth,
@@ -220,5 +238,5 @@ def layout_step(event: StepEvent) -> list[Box]:
         if parent_key is not None:
             children.setdefault(parent_key, []).append(key)
     xs = _tidy_x(children, "root")
-    return [Box(key, kind, label, parent_key, depth, xs.get(key, 0.0), detail, path, cap)
+    return [Box(key, kind, label, parent_key, depth, xs.get(key, 0.0), detail, path, cap, source_of.get(key, ""))
             for key, kind, label, parent_key, depth, detail, path, cap in entries]

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from PySide6.QtCore import QEasingCurve, QPointF, QRectF, Qt, QVariantAnimation, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPen
-from PySide6.QtWidgets import (QGraphicsLineItem, QGraphicsObject, QGraphicsScene, QGraphicsSimpleTextItem,
+from PySide6.QtWidgets import (QGraphicsItem, QGraphicsLineItem, QGraphicsObject, QGraphicsScene, QGraphicsSimpleTextItem,
                                QGraphicsView, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget)
 
 from app.viz import tree_layout as tl
@@ -61,6 +61,9 @@ class NodeItem(QGraphicsObject):
         self.ink = ink  # colour of the caption under the box
         self.setAcceptHoverEvents(True)
         self.setCursor(Qt.PointingHandCursor)
+        # a box is drawn once into a pixmap and blitted on every later repaint of the view (antialiased rounded
+        # rectangles cost about a millisecond each in the software renderer)
+        self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.apply(box)
 
     def apply(self, box: tl.Box) -> None:
@@ -89,6 +92,10 @@ class NodeItem(QGraphicsObject):
         painter.setBrush(QBrush(QColor(s.fill)))
         rect = QRectF(-self.width / 2, -BOX_H / 2, self.width, BOX_H)
         painter.drawRoundedRect(rect, 6, 6)
+        if self.box.source:  # the drafter that proposed it, when the tree mixes several (tree_layout.SOURCE_COLOURS)
+            painter.setPen(Qt.NoPen)
+            painter.setBrush(QColor(tl.source_colour(self.box.source)))
+            painter.drawRoundedRect(QRectF(-self.width / 2 + 2, -BOX_H / 2 + 3, 4, BOX_H - 6), 2, 2)
         painter.setFont(self._font)
         painter.setPen(QColor(s.text))
         painter.drawText(rect, Qt.AlignCenter, self.label)
@@ -296,14 +303,15 @@ class TreeView(QGraphicsView):
         super().mousePressEvent(event)
 
 
-def legend_html() -> str:
-    """The colour key under the tree, as rich text."""
+def legend_html(sources: Sequence[str] = ()) -> str:
+    """The colour key under the tree, as rich text; ``sources``: the drafters of a mixed tree, by badge colour."""
     cells = []
     for kind, name in LEGEND:
         s = STYLES[kind]
         border = "dashed" if s.dashed else "solid"
         cells.append(f"<span style='background:{s.fill}; color:{s.text}; border:1px {border} {s.border};'>"
                      f"&nbsp;{name}&nbsp;</span>")
+    cells += [f"<span style='color:{tl.source_colour(src)};'>\u258c</span>{src}" for src in sources]
     return "&nbsp;&nbsp;".join(cells)
 
 
@@ -389,6 +397,7 @@ class TreeReplay(QWidget):
             raise IndexError(f"step {i} does not exist: the answer has {len(self.events)} steps")
         self._stale = False
         self.view.show_step(self.events[i], animate)
+        self.legend.setText(legend_html(tl.mixed_sources(self.events[i].nodes)))
         if self.slider.value() != i:
             self.slider.blockSignals(True)
             self.slider.setValue(i)

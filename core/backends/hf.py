@@ -1,43 +1,60 @@
-"""PyTorch + transformers backend: tree attention with a 4D mask and position ids, KV compaction with index_select."""
+"""PyTorch + transformers backend: tree attention through SDPA with an ancestor mask over a static KV cache.
+
+The cache (core.backends.static_cache) is allocated once for the whole context; a tree's nodes are written in place
+at the slots after the committed prefix and the accepted path is moved down on commit. On CUDA the calls of a
+decoding step run in fixed shapes captured as CUDA graphs (core.backends.cuda_graphs); larger calls, such as
+prefill chunks, run eagerly with exact shapes.
+"""
 from __future__ import annotations
 
 import hashlib
+import inspect
+import logging
 from typing import Sequence
 
 import torch
 
 from core.backends.base import (BackendError, Progress, check_fits, check_tree_call, plain_text_template,
                                 prefill_chunks, reusable_prefix, tokenizer_digest)
+from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps
+from core.backends.devices import DECODE_ADVICE, LOAD_ADVICE, check_device, out_of_memory_as_error
+from core.backends.static_cache import StepInputs, TreeKVCache
 from core.tree import TokenTree
 
+log = logging.getLogger(__name__)
 
 # Tokens per prefill forward: Stop is checked between chunks (see core.backends.base.prefill_chunks).
 PREFILL_CHUNK = 256
 
 
-def default_device() -> str:
-    """CUDA when present, else CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class HFBackend:
     """Wraps any transformers causal LM (Qwen2, Llama, ...) and optionally its tokenizer.
 
-    Without a tokenizer, text is rendered as ``<id>`` markers: enough for tests on tiny random models.
+    Without a tokenizer, text is rendered as ``<id>`` markers: enough for tests on tiny random models. The model is
+    used in the dtype it comes in (the loader chooses it: core.backends.devices.default_dtype).
+    ``static_shapes`` runs the calls of a decoding step in fixed shapes, captured as CUDA graphs on CUDA; None
+    turns it on exactly on CUDA. On the CPU, True runs the same fixed-shape calls eagerly (what tests check).
     """
 
     def __init__(self, model, tokenizer=None, device: str | None = None, name: str | None = None,
-                 context_length: int | None = None) -> None:
-        from transformers import DynamicCache  # imported lazily: `import core` stays light
-
-        self._cache_cls = DynamicCache
-        self.device = device or default_device()
-        self.model = model.to(self.device).eval()
+                 context_length: int | None = None, static_shapes: bool | None = None) -> None:
+        self.device = check_device(device)
+        on_cuda = self.device.startswith("cuda")
+        static_shapes = on_cuda if static_shapes is None else static_shapes
         self.tokenizer = tokenizer
         config = model.config
         self.name = name or getattr(config, "name_or_path", "") or config.model_type
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_length = int(context_length or getattr(config, "max_position_embeddings", 2048))
+        slots = self.context_length + (MAX_ROWS if static_shapes else 0)
+        with out_of_memory_as_error(f"loading {self.name}", self.device, LOAD_ADVICE):
+            self.model = model.to(self.device).eval()
+            self.dtype = next(self.model.parameters()).dtype
+            self._cache = TreeKVCache(config, slots, self.dtype, self.device, zeroed=static_shapes)
+        _use_sdpa(self.model)
+        self._cache_arg = cache_keyword(self.model)
+        self._steps = (FixedShapeSteps(self._forward, self.dtype, self.device, slots, capture=on_cuda)
+                       if static_shapes else None)
         self.eos_ids = frozenset(self._eos_ids())
         self._specials = {int(i): str(t) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
                           if getattr(t, "special", False)}
@@ -107,7 +124,6 @@ class HFBackend:
         return list(self._committed)
 
     def reset(self) -> None:
-        self._cache = self._cache_cls(config=self.model.config)
         self._committed: list[int] = []
         self._tree: TokenTree | None = None
         self._evaluated = 0
@@ -117,20 +133,12 @@ class HFBackend:
         if not ids:
             raise BackendError("prefill needs at least one token")
         check_fits(self, len(ids))
-        self._drop_tree()
-        common = reusable_prefix(self._committed, ids)
-        if common < len(self._committed):
-            self._cache.crop(common - len(self._committed))
-            del self._committed[common:]
-        for lo, hi in prefill_chunks(common, len(ids), self.prefill_chunk, cancel, progress):
-            logits = self.forward_tree(TokenTree.chain(ids[lo:hi]))
-            self.commit(list(range(hi - lo)))
-        return logits[-1]
-
-    def _drop_tree(self) -> None:
-        if self._evaluated:
-            self._cache.crop(-self._evaluated)
         self._tree, self._evaluated = None, 0
+        del self._committed[reusable_prefix(self._committed, ids):]
+        for lo, hi in prefill_chunks(len(self._committed), len(ids), self.prefill_chunk, cancel, progress):
+            logits = self.forward_tree(TokenTree.chain(ids[lo:hi]))
+            self.commit(range(hi - lo))
+        return logits[-1]
 
     @torch.inference_mode()
     def forward_tree(self, tree: TokenTree, start: int = 0) -> torch.Tensor:
@@ -138,35 +146,61 @@ class HFBackend:
         check_tree_call(self.name, self._evaluated, start, n)
         prefix = len(self._committed)
         check_fits(self, prefix + n)
-        new = range(start, n)
-        dtype = next(self.model.parameters()).dtype
-        visible = torch.zeros((n - start, prefix + n), dtype=torch.bool)
-        visible[:, :prefix] = True
-        visible[:, prefix:] = tree.ancestor_mask()[start:]
-        mask = torch.zeros(visible.shape, dtype=dtype)
-        mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        ids = torch.tensor([[tree.tokens[i] for i in new]], device=self.device)
-        positions = torch.tensor([[prefix + tree.depths[i] - 1 for i in new]], device=self.device)
-        out = self.model(input_ids=ids, attention_mask=mask[None, None].to(self.device), position_ids=positions,
-                         cache=self._cache, use_cache=True)
+        # until the call succeeds the tree counts as dropped: after a failure (out of memory) the cache holds the
+        # committed prefix, whose slots no call writes, and the chat can go on from there
+        self._tree, self._evaluated = None, 0
+        with out_of_memory_as_error(f"evaluating {n - start} tokens with {self.name}", self.device, DECODE_ADVICE):
+            logits = self._steps.run(tree, start, prefix) if self._steps is not None else None
+            if logits is None:
+                inputs = StepInputs.allocate(n - start, prefix + n, self.dtype, self.device)
+                inputs.fill(tree, start, prefix)
+                logits = self._forward(inputs)
         self._tree, self._evaluated = tree, n
-        return out.logits[0].detach()
+        return logits
 
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The model's logits (rows, vocab) for filled inputs; keys and values go to the cache in place."""
+        self._cache.use(inputs.slots, inputs.width)
+        out = self.model(input_ids=inputs.ids, attention_mask=inputs.mask, position_ids=inputs.positions,
+                         use_cache=True, **{self._cache_arg: self._cache})
+        return out.logits[0]
+
+    @torch.inference_mode()
     def commit(self, path: Sequence[int]) -> None:
         path = [int(i) for i in path]
         if any(not 0 <= i < self._evaluated for i in path):
             raise BackendError(f"{self.name}: commit of nodes {path} but only {self._evaluated} were evaluated")
-        prefix = len(self._committed)
-        tree = self._tree
-        if path == list(range(len(path))):
-            # the accepted nodes already sit right after the prefix: dropping the tail is enough
-            if self._evaluated > len(path):
-                self._cache.crop(len(path) - self._evaluated)
-        else:
-            keep = torch.tensor(list(range(prefix)) + [prefix + i for i in path], device=self.device)
-            for layer in self._cache.layers:
-                layer.keys = layer.keys.index_select(-2, keep)
-                layer.values = layer.values.index_select(-2, keep)
-        if tree is not None:
-            self._committed += [tree.tokens[i] for i in path]
+        self._cache.keep(len(self._committed), path)
+        if self._tree is not None:
+            self._committed += [self._tree.tokens[i] for i in path]
         self._tree, self._evaluated = None, 0
+
+    # -- shared with a draft that runs this model's first layers (core.self_draft) ----------------------------------
+    @property
+    def kv_cache(self) -> TreeKVCache:
+        """The static cache itself. Slots below ``len(committed)`` hold the committed tokens' keys and values; while
+        :attr:`holds_tree` is False the slots after them are scratch, which this backend's next call overwrites
+        before reading. The early-exit draft of core.self_draft reads the committed entries of the first layers
+        and drafts in that scratch."""
+        return self._cache
+
+    @property
+    def holds_tree(self) -> bool:
+        """Whether the slots after the committed prefix hold a tree evaluated since the last commit."""
+        return self._evaluated > 0
+
+
+def cache_keyword(model) -> str:
+    """The keyword ``model.forward`` takes its cache by: transformers renamed ``past_key_values`` to ``cache`` during
+    5.x, and an unknown keyword would be ignored silently."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _use_sdpa(model) -> None:
+    """Attend through torch's scaled_dot_product_attention, which takes the 4D float tree mask as it is."""
+    if model.config._attn_implementation == "sdpa":
+        return
+    try:
+        model.set_attn_implementation("sdpa")
+    except (ValueError, ImportError) as exc:   # an architecture without SDPA support keeps its own attention
+        log.info("%s keeps %s attention: %s", type(model).__name__, model.config._attn_implementation, exc)

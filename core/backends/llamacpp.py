@@ -388,10 +388,9 @@ class LlamaCppBackend:
         seq = free.pop()
         source = _COMMITTED_SEQ if parent < 0 else self._node_seqs[parent][0]
         self._lib.llama_memory_seq_cp(self._mem, source, seq, -1, -1)
-        if parent >= 0:
-            # the source branch may go deeper than parent; llama.cpp also wants each sequence's new positions
-            # to follow its last cached one
-            self._lib.llama_memory_seq_rm(self._mem, seq, end, -1)
+        # the source may go deeper than parent (a branch, or a chain evaluated on the committed sequence itself);
+        # llama.cpp also wants each sequence's new positions to follow its last cached one
+        self._lib.llama_memory_seq_rm(self._mem, seq, end, -1)
         return seq
 
     def _assign_sequences(self, tree: TokenTree, start: int, prefix: int) -> dict[int, list[int]]:
@@ -423,7 +422,13 @@ class LlamaCppBackend:
         prefix = len(self._committed)
         check_fits(self, prefix + n)  # every tree node takes one KV cell until the commit
         try:
-            seqs = self._assign_sequences(tree, start, prefix)
+            if start == 0 and tree.is_chain():
+                # one path only (a plain step, a chain draft): it goes on the committed sequence itself, and a
+                # commit just cuts its tail, as llama.cpp's own speculative loop does
+                seqs = {u: [_COMMITTED_SEQ] for u in range(n)}
+                self._seq_end[_COMMITTED_SEQ] = n - 1
+            else:
+                seqs = self._assign_sequences(tree, start, prefix)
             batch = self._batch
             for i, u in enumerate(range(start, n)):
                 batch.token[i] = tree.tokens[u]
@@ -449,15 +454,20 @@ class LlamaCppBackend:
         if tree is not None and any(tree.parents[v] != (path[k - 1] if k else -1) for k, v in enumerate(path)):
             raise BackendError(f"{self.name}: commit of nodes {path}, which is not a path from the root")
         lib, mem = self._lib, self._mem
-        if not path:
-            lib.llama_memory_seq_keep(mem, _COMMITTED_SEQ)
+        end = len(self._committed) + len(path)
+        seq = self._node_seqs[path[-1]][0] if path else _COMMITTED_SEQ
+        if seq == _COMMITTED_SEQ:
+            # the path lies on the committed sequence: cut what follows it there, and drop every branch
+            lib.llama_memory_seq_rm(mem, _COMMITTED_SEQ, end, -1)
+            for other in self._seq_end:
+                if other != _COMMITTED_SEQ:
+                    lib.llama_memory_seq_rm(mem, other, -1, -1)
         else:
-            seq = self._node_seqs[path[-1]][0]
             lib.llama_memory_seq_keep(mem, seq)
-            lib.llama_memory_seq_rm(mem, seq, len(self._committed) + len(path), -1)
+            lib.llama_memory_seq_rm(mem, seq, end, -1)
             lib.llama_memory_seq_cp(mem, seq, _COMMITTED_SEQ, -1, -1)
             lib.llama_memory_seq_rm(mem, seq, -1, -1)
-            self._committed += [tree.tokens[i] for i in path]
+        self._committed += [tree.tokens[i] for i in path]
         self._clear_tree_state()
 
     def _free_context(self) -> None:

@@ -5,10 +5,11 @@ from typing import Sequence
 
 from core.adaptive import AdaptiveChain
 from core.auto import Auto
-from core.drafting import Baseline, Chain, Tree
+from core.drafting import Baseline, Chain, MultiDraft, Tree
 from core.memory import Memory
 from core.merge import Merge
 from core.ngram import NGram
+from core.self_draft import SelfDraft
 
 NATIVE = "native"            # llama-cpp-python's own generate loop on the same file and threads
 HF_ASSISTED = "hf-assisted"  # transformers' own assisted generation on the same pair
@@ -16,7 +17,9 @@ RUNNERS = (NATIVE, HF_ASSISTED)
 MAX_TREE_BUDGET = 64         # a bench tree larger than this would take minutes per step on a CPU
 MAX_TREE_DEPTH = 16
 MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia shape from the published acceptance "
-             "vector), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), adaptive, auto, "
+             "vector), multidraft[:K[:LENGTH[:specinfer|spectr]]] (K draft sequences, verified by rule 3 or by "
+             "SpecTr's K-SEQ), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), self:L[:K] (the "
+             "target's first L layers draft a chain of K; transformers backend), adaptive, auto, "
              f"{HF_ASSISTED} (transformers backend only)")
 
 
@@ -34,6 +37,7 @@ def _ints(mode: str, parts: Sequence[str]) -> list[int]:
 def strategy_for(mode: str):
     """The strategy a mode name stands for (the runners have none)."""
     name, *args = mode.split(":")
+    verifier = args.pop() if name == "multidraft" and len(args) == 3 else None   # the one word among the numbers
     nums = _ints(mode, args)
     try:
         if name == "baseline" and not nums:
@@ -46,12 +50,18 @@ def strategy_for(mode: str):
                 raise BenchError(f"mode {mode!r}: a tree needs a budget in 2..{MAX_TREE_BUDGET} and a depth in "
                                  f"1..{MAX_TREE_DEPTH}")
             return Tree.sequoia(budget, depth)
+        if name == "multidraft" and len(nums) <= 2:
+            k, length = (nums + [2, 3][len(nums):])[:2]
+            return MultiDraft(k, length, verifier or MultiDraft.verifier)
         if name == "ngram" and len(nums) <= 1:
             return NGram(*(nums or [4]))
         if name == "memory" and len(nums) <= 1:
             return Memory(*(nums or [8]))
         if name == "merge" and len(nums) <= 1:
             return Merge((Chain(*(nums or [3])), NGram(4)))
+        if name == "self" and 1 <= len(nums) <= 2:
+            layers, k = (nums + [4])[:2]
+            return SelfDraft(layers, tuple(range(-1, k - 1)))
         if name == "adaptive" and not nums:
             return AdaptiveChain()
         if name == "auto" and not nums:
@@ -79,4 +89,4 @@ def parse_modes(text: str) -> list[str]:
 
 
 def needs_draft_model(mode: str) -> bool:
-    return mode not in ("baseline", "auto", NATIVE) and not mode.startswith(("ngram", "memory"))
+    return mode not in ("baseline", "auto", NATIVE) and not mode.startswith(("ngram", "memory", "self"))
