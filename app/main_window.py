@@ -289,12 +289,9 @@ class MainWindow(QMainWindow):
         self.transcript.stream(message)
         self.viz.on_steps(events)
         now = time.monotonic()
-        if now - self._status_at >= STATUS_INTERVAL_S:   # numbers nobody can read faster than this
+        if now - self._status_at >= STATUS_INTERVAL_S:   # a number nobody can read faster than this
             self._status_at = now
             self.speed_label.setText(f"{events[-1].stats.tokens_per_second:.1f} tok/s")
-            note = events[-1].note
-            if note and note != self.statusBar().currentMessage():
-                self.statusBar().showMessage(note, STATUS_MS)
 
     def _on_answer_finished(self, message: Message | None, result: GenerationResult | None) -> None:
         if message is not None:

@@ -119,6 +119,11 @@ class ChatSession(QObject):
     def strategy(self):
         return self.models.strategy
 
+    @strategy.setter
+    def strategy(self, strategy) -> None:
+        # The bench's window surface decodes with the very strategy object its engine run uses.
+        self.models.strategy = strategy
+
     @property
     def is_warm(self) -> bool:
         return self.models.is_warm

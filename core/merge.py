@@ -116,6 +116,11 @@ class Merge(StaticStrategy):
     def label(self) -> str:
         return "Merge(" + " + ".join(p.label for p in self.parts) + ")"
 
+    def bind(self, target: Backend, draft: Backend | None, sampling: SamplingParams) -> None:
+        """Each part measures or binds itself (Auto, SelfDraft)."""
+        for part in self.parts:
+            part.bind(target, draft, sampling)
+
     def make_drafter(self, draft: Backend | None, params: SamplingParams, rng: Rng) -> MergedDrafter:
         drafters = [p.make_drafter(draft, params, rng) for p in self.parts]
         return MergedDrafter([d for d in drafters if d is not None])

@@ -9,11 +9,10 @@ from PySide6.QtGui import QTextDocument
 from app.chat import message_document, render
 from app.chat.markdown_blocks import split_blocks
 from app.chat.message_document import MessageDocument, tinted_text
-from app.chat.origins import DRAFT, align_to_source, step_origin_codes
+from app.chat.origins import DRAFT, align_to_source
 from app.chat.render import (CODE_CHUNK_LINES, code_header_html, code_lines_html, document_style, highlight_code,
                              text_html)
 from app.theme import load_theme
-from core.events import Origin
 
 # Sources with every kind of block, each ending somewhere a stream can stop: in prose, in an unclosed fence, in a list.
 SOURCES = [
@@ -223,14 +222,6 @@ def test_code_blocks_keep_their_source_for_copying(qapp, theme):
 
 
 # ---------------------------------------------------------------------------------------------- origins
-def test_step_origin_codes_follow_the_tokens():
-    codes = step_origin_codes("abcd", ("ab", "c", "d"), (Origin.DRAFT, Origin.DRAFT, Origin.BONUS))
-    assert codes == "dddt"
-    # an end-of-sequence token has no text in the answer: skipped
-    assert step_origin_codes("xy", ("x", "y", "<|im_end|>"), (Origin.DRAFT, Origin.CORRECTION,
-                                                                Origin.CORRECTION)) == "dt"
-
-
 def test_alignment_skips_markdown_syntax():
     source = "Say **hi** to `x`"
     visible = "Say hi to x"

@@ -10,7 +10,6 @@ import random
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine

@@ -1,23 +1,24 @@
-"""The window stays responsive while the engine decodes: the live panel takes every step on the GUI thread and a
-QTimer heartbeat never waits 100 ms or more."""
+"""The GUI's work while the engine decodes is bounded per second, not per step: the worker hands the panel a frame
+of steps at most FRAME_HZ times a second and the panel draws at most once every DRAW_INTERVAL_S, however fast steps
+come, while every step is still kept for replay. (Bounds on counts against the elapsed time, so a slow or busy
+machine can only loosen them; no latency is asserted.)"""
 from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QTimer
-
-from app.viz.panel import VizPanel
-from app.worker import EngineRun
+from app.viz import panel as panel_module
+from app.viz.panel import DRAW_INTERVAL_S, VizPanel
+from app.worker import FRAME_HZ, EngineRun
 from core.drafting import Tree
 from core.engine import SpeculativeEngine
 from core.sampling import SamplingParams
 from core.tiny import tiny_pair
 
-MAX_GAP = 0.100
 SHAPE = (-1, -1, 0, 0, 1, 2, 2, 4)
+TIMER_SLACK = 1.1   # Qt's coarse timers may fire up to 5% early
 
 
-def test_event_loop_latency_stays_below_100ms_while_decoding(qtbot):
+def test_the_panel_draws_at_frame_rate_and_keeps_every_step(qtbot, monkeypatch):
     target, draft = tiny_pair(noise=0.3)
     strategy = Tree(SHAPE, name="shape")
     prompt = target.apply_chat_template([{"role": "user", "content": "Keep going for a while."}])
@@ -26,6 +27,9 @@ def test_event_loop_latency_stays_below_100ms_while_decoding(qtbot):
     panel.resize(900, 600)
     panel.show()
     panel.on_generation_started(strategy.label)
+    draws, frames = [], []
+    draw = VizPanel._draw
+    monkeypatch.setattr(panel_module.VizPanel, "_draw", lambda self: (draws.append(1), draw(self)))
 
     def job(push, cancel):
         engine = SpeculativeEngine(target, draft, strategy, SamplingParams(temperature=0.9, seed=1))
@@ -34,25 +38,21 @@ def test_event_loop_latency_stays_below_100ms_while_decoding(qtbot):
         return engine.last_result
 
     run = EngineRun(job)        # as the session runs answers: the panel gets a frame of steps at a time
+    run.frame.connect(lambda events: frames.append(len(events)))
     run.frame.connect(panel.on_steps)
     run.finished.connect(panel.on_finished)
-
-    beats: list[tuple[float, float]] = []
-    heart = QTimer()
-    heart.setInterval(5)
-    heart.timeout.connect(lambda: beats.append((time.perf_counter(), time.process_time())))
-    heart.start()
     results = []
     run.finished.connect(results.append)
+    start = time.monotonic()
     run.start()
-    qtbot.waitUntil(lambda: "stopped:" in panel.summary.text(), timeout=120_000)
-    heart.stop()
+    try:
+        qtbot.waitUntil(lambda: bool(results), timeout=300_000)
+    finally:
+        run.cancel()
+        run.wait(10_000)
+    elapsed = time.monotonic() - start
     result = results[0]
-    # the measurement means something only if the panel really drew many steps while the engine ran
-    assert len(panel.tree.events) == len(result.steps) >= 40
-    # A gap counts for what this process computed during it: on a shared machine the OS may park the whole
-    # process (then its CPU time stands still), which says nothing about the GUI; GUI work or a worker hogging the
-    # GIL burns CPU time for the whole gap.
-    stalls = [min(b - a, cb - ca) for (a, ca), (b, cb) in zip(beats, beats[1:])]
-    assert len(stalls) >= 20
-    assert max(stalls) < MAX_GAP, f"the GUI thread stalled for {max(stalls) * 1000:.0f} ms"
+    assert len(panel.tree.events) == len(result.steps) == sum(frames) >= 40
+    assert len(frames) <= elapsed * FRAME_HZ * TIMER_SLACK + 2
+    assert len(draws) <= elapsed / DRAW_INTERVAL_S + 2      # + the drawing of the last steps at the end
+    assert "stopped:" in panel.summary.text()

@@ -5,8 +5,6 @@ Codes: "d" an accepted draft token, "t" a target token, " " unknown; one per cha
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 from core.events import Origin, StepEvent
 
 DRAFT, TARGET, UNKNOWN = "d", "t", " "
@@ -23,23 +21,6 @@ def origin_codes(event: StepEvent, start: int, end: int) -> str:
     for (a, b), origin in zip(event.spans, event.origins):
         for i in range(max(a, start), min(b, end)):
             codes[i - start] = ORIGIN_CODE[origin]
-    return "".join(codes)
-
-
-def step_origin_codes(text: str, token_texts: Sequence[str], origins: Sequence[Origin]) -> str:
-    """One origin code per character of ``text`` (a step's new text) from the step's tokens and their origins.
-
-    Tokens whose text is not found in order (an end-of-sequence token, a byte piece decoded together with the next
-    token) are skipped; characters no token claims take the origin of the step's last token.
-    """
-    codes: list[str] = []
-    pos = 0
-    for piece, origin in zip(token_texts, origins):
-        if piece and text.startswith(piece, pos):
-            codes.append(ORIGIN_CODE[origin] * len(piece))
-            pos += len(piece)
-    rest = ORIGIN_CODE[origins[-1]] if origins else UNKNOWN
-    codes.append(rest * (len(text) - pos))
     return "".join(codes)
 
 
