@@ -150,6 +150,14 @@ SCENES: dict[str, Callable[[SceneContext], object]] = {
 }
 
 
+def snapshot(widget, app):
+    """The widget as a user would see it: shown (offscreen), so that views which draw only while visible have
+    drawn, then grabbed."""
+    widget.show()
+    app.processEvents()
+    return widget.grab()
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="speclens screenshot",
                                      description="Render scenes of the real window to DIR/NAME.png, offscreen.")
@@ -182,9 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for name in names:
                 widget = SCENES[name](ctx)
-                app.processEvents()
                 path = args.out / f"{name}.png"
-                if not widget.grab().save(str(path)):
+                if not snapshot(widget, app).save(str(path)):
                     raise SceneError(f"could not write {path}")
                 print(path)
                 if widget is not ctx._window:

@@ -33,19 +33,19 @@ class WindowSurface:
         self.window = open_window(settings, HistoryStore(Path(self._folder.name) / HISTORY_FILE),
                                   load=lambda choice, progress: (target, draft), persist=False)
         self.window.resize(*WINDOW_SIZE)
-        self._wait(lambda: self.window.session.is_warm)
+        self._wait(self.window.session.warm, lambda: self.window.session.is_warm)
 
-    def _wait(self, done) -> None:
-        from PySide6.QtCore import QEventLoop, QTimer
+    @staticmethod
+    def _wait(signal, done) -> None:
+        """Run the event loop until ``signal`` fires and ``done()`` holds. Woken by the signal, never by a polling
+        timer: a GUI thread that wakes often takes the CPU from the decoding threads, which is what is measured."""
+        from PySide6.QtCore import QEventLoop
 
         loop = QEventLoop()
-        timer = QTimer()
-        timer.setInterval(10)
-        timer.timeout.connect(lambda: loop.quit() if done() else None)
-        timer.start()
-        if not done():
+        signal.connect(loop.quit)
+        while not done():
             loop.exec()
-        timer.stop()
+        signal.disconnect(loop.quit)
 
     def decode(self, engine: SpeculativeEngine, messages: list[dict], prompt_ids: list[int],
                max_new_tokens: int) -> GenerationResult:
@@ -66,7 +66,7 @@ class WindowSurface:
         session.answer_finished.connect(done)
         if not self.window.send(messages[-1]["content"]):
             raise RuntimeError("the window did not accept the prompt")
-        self._wait(lambda: bool(results))
+        self._wait(session.answer_finished, lambda: bool(results))
         session.answer_finished.disconnect(done)
         if results[0] is None:
             raise RuntimeError("the window's answer failed")

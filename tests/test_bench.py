@@ -153,3 +153,21 @@ def test_bundled_prompt_sets() -> None:
 def test_geomean() -> None:
     assert bench.geomean([1.0, 4.0]) == pytest.approx(2.0)
     assert bench.geomean([]) == 0.0
+
+
+def test_sampled_multidraft_runs_score_both_verifiers_on_their_own_drafts(tmp_path, prompt_file, capsys) -> None:
+    out = tmp_path / "md.json"
+    assert bench.main(["--pair", "tiny", "--modes", "baseline,multidraft:2:2,multidraft:2:2:spectr", "--prompts",
+                       str(prompt_file), "--max-new-tokens", "8", "--temperature", "1.0", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    scored = [r for r in report["runs"] if r["mode"].startswith("multidraft")]
+    assert scored and all(r["same_drafts"]["steps"] > 0 for r in scored)
+    for r in scored:
+        # each verifier's expected accepted tokens per step lies in [0, length]
+        assert all(0.0 <= r["same_drafts"][v] <= 2.0 for v in ("specinfer", "spectr"))
+    summary = report["summary"]["multidraft:2:2:spectr"]["same_drafts"]
+    runs = [r["same_drafts"] for r in scored if r["mode"] == "multidraft:2:2:spectr"]
+    assert summary["steps"] == sum(r["steps"] for r in runs)
+    assert summary["spectr"] == pytest.approx(sum(r["spectr"] * r["steps"] for r in runs) / summary["steps"])
+    assert "SpecInfer / SpecTr" in out.with_suffix(".md").read_text()
+    assert "same_drafts" not in report["summary"]["baseline"]

@@ -88,10 +88,15 @@ def ttft() -> dict:
 
 
 def stop() -> dict:
+    from core.context import answer_reserve
+
     w = window()
     wait(lambda: w.session.is_warm)
-    words = ("the quick brown fox jumps over the lazy dog " * 600).strip()
     target = w.session.backends[0]
+    # the longest prompt the chat accepts: the context less the answer's share and the template's tokens
+    room = target.context_length - answer_reserve(target.context_length, w.session.settings.max_new_tokens) - 64
+    sentence = "the quick brown fox jumps over the lazy dog "
+    words = (sentence * (room // len(target.tokenize(sentence)))).strip()
     tokens = len(target.tokenize(words))
     done = []
     w.session.answer_finished.connect(lambda message, result: done.append((message, result)))

@@ -23,6 +23,7 @@ from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
 from core.bench.run import BenchSetup, EngineSurface, attach_memory, run_bench, stderr_log
 from core.bench.runners import HFAssisted, NativeRunner
+from core.bench.same_drafts import scored
 from core.cli_args import add_pair_arguments, open_pair
 from core.sampling import SamplingParams
 
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
 
     with tempfile.TemporaryDirectory(prefix="speclens-bench-memory-") as empty:
         memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
-        strategies = attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory)
+        strategies = scored(attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory),
+                            sampling)
         chosen = [EngineSurface()] + ([surfaces[args.surface](target, draft)] if args.surface != "engine" else [])
         setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
                            chosen)

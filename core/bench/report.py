@@ -83,6 +83,9 @@ def summarise(runs: list[dict], modes: list[str]) -> dict:
         if predicted and base:
             entry["predicted_speedup"] = geomean(predicted)
             entry["realised_over_predicted"] = entry["speedup"] / entry["predicted_speedup"]
+        scored = [r["same_drafts"] for r in rows if r.get("same_drafts", {}).get("steps")]
+        if scored:
+            entry["same_drafts"] = _same_drafts_of(scored)
         if "window" in surfaces:
             window = _window_ratios(runs, mode)
             if window:
@@ -90,6 +93,13 @@ def summarise(runs: list[dict], modes: list[str]) -> dict:
                 entry["window_over_engine_worst"] = min(statistics.median(v) for v in window.values())
         summary[mode] = entry
     return summary
+
+
+def _same_drafts_of(scored: list[dict]) -> dict:
+    """Expected accepted tokens per step under each verifier over all runs' steps (core.bench.same_drafts)."""
+    steps = sum(s["steps"] for s in scored)
+    names = [k for k in scored[0] if k != "steps"]
+    return {"steps": steps, **{k: sum(s[k] * s["steps"] for s in scored) / steps for k in names}}
 
 
 def _window_ratios(runs: list[dict], mode: str) -> dict:
@@ -148,6 +158,10 @@ def markdown(report: dict) -> str:
     if any("python_ms_per_step" in s for s in summary.values()):
         lines.append(row(("all", "Python ms per step"), lambda s: f"{s['python_ms_per_step']:.2f}"
                          if "python_ms_per_step" in s else "-"))
+    if any("same_drafts" in s for s in summary.values()):
+        lines.append(row(("all", "accepted per step, same drafts: SpecInfer / SpecTr"),
+                         lambda s: f"{s['same_drafts']['specinfer']:.3f} / {s['same_drafts']['spectr']:.3f}"
+                         if "same_drafts" in s else "-"))
     for m in modes:
         if "predicted_speedup" in summary[m]:
             lines += ["", f"{m}: predicted {summary[m]['predicted_speedup']:.2f}x by the planner, realised "

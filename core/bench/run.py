@@ -18,6 +18,7 @@ from typing import Callable, Protocol, Sequence
 from core.auto import Auto
 from core.bench.modes import HF_ASSISTED, NATIVE, RUNNERS
 from core.bench.runners import RunnerResult
+from core.bench.same_drafts import SameDrafts
 from core.divergence import compare_greedy
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
@@ -87,6 +88,9 @@ def engine_row(result: GenerationResult, strategy) -> dict:
         row["predicted_speedup"] = d.predicted_speedup
         row["choices"] = dict(d.counts)
         row["lookup_ms_per_step"] = 1000 * d.lookup_seconds / max(d._lookups, 1)
+    if isinstance(strategy, SameDrafts):
+        # expected accepted tokens per step of both verifiers on this run's very trees (core.bench.same_drafts)
+        row["same_drafts"] = strategy.take_summary()
     return row
 
 

@@ -7,6 +7,7 @@ step describe the very same tree. Sampled decoding only: at temperature 0 both v
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Sequence
@@ -34,7 +35,9 @@ class SameDrafts(MultiDraft):
 
         def verify(tree, target_dist, rng, eos_ids=()):
             if len(tree):
-                self.scores.append({v: expected_accepted(tree, target_dist, v, eos_ids) for v in VERIFIERS})
+                t0 = time.perf_counter()
+                score = {v: expected_accepted(tree, target_dist, v, eos_ids) for v in VERIFIERS}
+                self.scores.append({**score, "seconds": time.perf_counter() - t0})
             return rule(tree, target_dist, rng, eos_ids)
 
         drafter.verify = verify
@@ -44,7 +47,23 @@ class SameDrafts(MultiDraft):
         """Mean expected accepted tokens per step under each verifier, and the steps scored."""
         out = {v: fmean(s[v] for s in self.scores) if self.scores else 0.0 for v in VERIFIERS}
         out["steps"] = len(self.scores)
+        out["scoring_ms_per_step"] = 1000 * fmean(s["seconds"] for s in self.scores) if self.scores else 0.0
         return out
+
+    def take_summary(self) -> dict[str, float]:
+        """The summary of the steps scored since the last call (one generation's, in the bench)."""
+        out = self.summary()
+        self.scores.clear()
+        return out
+
+
+def scored(strategies: dict, sampling: SamplingParams) -> dict:
+    """The bench's strategies with every MultiDraft scoring its trees under both verifiers (sampled runs only: at
+    temperature 0 both are the argmax rule). The scoring evaluates the target's distribution at every drafted node,
+    a little time each step that the bench reports beside the speed."""
+    if sampling.greedy:
+        return strategies
+    return {m: SameDrafts(s.k, s.length, s.verifier) if type(s) is MultiDraft else s for m, s in strategies.items()}
 
 
 def compare_verifiers(target: Backend, draft: Backend, k: int, length: int, sampling: SamplingParams,
