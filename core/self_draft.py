@@ -20,10 +20,10 @@ from typing import Sequence
 import torch
 
 from core.backends.base import Backend, BackendError, Progress, check_fits, check_tree_call
-from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps
+from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps, evaluate
 from core.backends.devices import DECODE_ADVICE, out_of_memory_as_error
 from core.backends.hf import HFBackend, cache_keyword
-from core.backends.static_cache import StepInputs
+from core.backends.static_cache import StepInputs, forward_into_cache
 from core.drafting import SAMPLING_MODES, ModelDrafter
 from core.sampling import Rng, SamplingParams
 from core.tree import TokenTree, depths_of, shape_from_parents
@@ -174,20 +174,13 @@ class EarlyExit:
         check_fits(self, prefix + n)
         self._tree, self._evaluated = None, 0
         with out_of_memory_as_error(f"drafting {n - start} tokens with {self.name}", self.device, DECODE_ADVICE):
-            logits = self._steps.run(tree, start, prefix) if self._steps is not None else None
-            if logits is None:
-                inputs = StepInputs.allocate(n - start, prefix + n, self.target.dtype, self.device)
-                inputs.fill(tree, start, prefix)
-                logits = self._forward(inputs)
+            logits = evaluate(self._steps, self._forward, tree, start, prefix, self.target.dtype, self.device)
         self._tree, self._evaluated, self._prefix = tree, n, prefix
         return logits
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The early-exit logits (rows, vocab) for filled inputs; keys and values go to the shared cache in place."""
-        self._cache.use(inputs.slots, inputs.width)
-        out = self.model(input_ids=inputs.ids, attention_mask=inputs.mask, position_ids=inputs.positions,
-                         use_cache=True, **{self._cache_arg: self._cache})
-        return out.logits[0]
+        return forward_into_cache(self.model, self._cache, self._cache_arg, inputs)
 
     def commit(self, path: Sequence[int]) -> None:
         """End the tree, after checking that the target committed ``path`` (the target keeps the entries)."""

@@ -111,3 +111,15 @@ class FixedShapeSteps:
             if collecting:
                 gc.enable()
         shape.graph, shape.logits = graph, logits
+
+
+def evaluate(steps: "FixedShapeSteps | None", forward: Forward, tree: TokenTree, start: int, prefix: int,
+             dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Logits of nodes ``start..`` of ``tree`` after ``prefix`` cached tokens: a fixed shape of ``steps`` when one
+    fits the call, else one eager ``forward`` over freshly allocated inputs."""
+    logits = steps.run(tree, start, prefix) if steps is not None else None
+    if logits is None:
+        inputs = StepInputs.allocate(len(tree) - start, prefix + len(tree), dtype, device)
+        inputs.fill(tree, start, prefix)
+        logits = forward(inputs)
+    return logits

@@ -16,9 +16,9 @@ import torch
 
 from core.backends.base import (BackendError, Progress, check_fits, check_tree_call, plain_text_template,
                                 prefill_chunks, reusable_prefix, tokenizer_digest)
-from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps
+from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps, evaluate
 from core.backends.devices import DECODE_ADVICE, LOAD_ADVICE, check_device, out_of_memory_as_error
-from core.backends.static_cache import StepInputs, TreeKVCache
+from core.backends.static_cache import StepInputs, TreeKVCache, forward_into_cache
 from core.tree import TokenTree
 
 log = logging.getLogger(__name__)
@@ -150,20 +150,13 @@ class HFBackend:
         # committed prefix, whose slots no call writes, and the chat can go on from there
         self._tree, self._evaluated = None, 0
         with out_of_memory_as_error(f"evaluating {n - start} tokens with {self.name}", self.device, DECODE_ADVICE):
-            logits = self._steps.run(tree, start, prefix) if self._steps is not None else None
-            if logits is None:
-                inputs = StepInputs.allocate(n - start, prefix + n, self.dtype, self.device)
-                inputs.fill(tree, start, prefix)
-                logits = self._forward(inputs)
+            logits = evaluate(self._steps, self._forward, tree, start, prefix, self.dtype, self.device)
         self._tree, self._evaluated = tree, n
         return logits
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model's logits (rows, vocab) for filled inputs; keys and values go to the cache in place."""
-        self._cache.use(inputs.slots, inputs.width)
-        out = self.model(input_ids=inputs.ids, attention_mask=inputs.mask, position_ids=inputs.positions,
-                         use_cache=True, **{self._cache_arg: self._cache})
-        return out.logits[0]
+        return forward_into_cache(self.model, self._cache, self._cache_arg, inputs)
 
     @torch.inference_mode()
     def commit(self, path: Sequence[int]) -> None:

@@ -120,3 +120,12 @@ class StepInputs:
         if end < self.width:
             mask[:, end:] = low
         return count
+
+
+def forward_into_cache(model, cache, cache_arg: str, inputs: StepInputs) -> torch.Tensor:
+    """``model``'s logits (rows, vocab) for filled ``inputs``; keys and values go to ``cache`` in place, at the
+    inputs' slots."""
+    cache.use(inputs.slots, inputs.width)
+    out = model(input_ids=inputs.ids, attention_mask=inputs.mask, position_ids=inputs.positions, use_cache=True,
+                **{cache_arg: cache})
+    return out.logits[0]
