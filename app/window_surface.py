@@ -3,7 +3,8 @@
 Each decode goes through the real main window (offscreen unless a display is set): a conversation holding the
 prompt's earlier turns is opened, the last question is sent as a user would, and the session's answer — streamed,
 rendered, drawn in the tree view and saved to a throwaway history — is returned when it ends. The window decodes
-with the benchmark's own strategy object and sampling, so the only difference from the bare engine is the window.
+with the benchmark's own strategy object and sampling, and the bare engine it is compared with decodes on the same
+engine thread (app.worker: where decoding runs changes llama.cpp's speed), so the only difference is the window.
 """
 from __future__ import annotations
 
@@ -33,19 +34,25 @@ class WindowSurface:
         self.window = open_window(settings, HistoryStore(Path(self._folder.name) / HISTORY_FILE),
                                   load=lambda choice, progress: (target, draft), persist=False)
         self.window.resize(*WINDOW_SIZE)
-        self._wait(self.window.session.warm, lambda: self.window.session.is_warm)
+        self._wait((self.window.session.warm,), lambda: self.window.session.is_warm)
+
+    def engine_surface(self) -> "EngineThreadSurface":
+        """The bare engine to compare the window with."""
+        return EngineThreadSurface()
 
     @staticmethod
-    def _wait(signal, done) -> None:
-        """Run the event loop until ``signal`` fires and ``done()`` holds. Woken by the signal, never by a polling
-        timer: a GUI thread that wakes often takes the CPU from the decoding threads, which is what is measured."""
+    def _wait(signals: tuple, done) -> None:
+        """Run the event loop until one of ``signals`` fires and ``done()`` holds. Woken by the signals, never by a
+        polling timer: a GUI thread that wakes often takes the CPU from the decoding threads, which is measured."""
         from PySide6.QtCore import QEventLoop
 
         loop = QEventLoop()
-        signal.connect(loop.quit)
+        for signal in signals:
+            signal.connect(loop.quit)
         while not done():
             loop.exec()
-        signal.disconnect(loop.quit)
+        for signal in signals:
+            signal.disconnect(loop.quit)
 
     def decode(self, engine: SpeculativeEngine, messages: list[dict], prompt_ids: list[int],
                max_new_tokens: int) -> GenerationResult:
@@ -66,7 +73,7 @@ class WindowSurface:
         session.answer_finished.connect(done)
         if not self.window.send(messages[-1]["content"]):
             raise RuntimeError("the window did not accept the prompt")
-        self._wait(session.answer_finished, lambda: bool(results))
+        self._wait((session.answer_finished,), lambda: bool(results))
         session.answer_finished.disconnect(done)
         if results[0] is None:
             raise RuntimeError("the window's answer failed")
@@ -82,3 +89,24 @@ class WindowSurface:
             store.add_message(cid, Message(m["role"], m["content"]))
         session.open_conversation(cid)
         self.window.system_edit.setText(system)
+
+
+class EngineThreadSurface:
+    """The bare engine, run on the app's engine thread while the GUI thread only waits for it."""
+
+    name = "engine"
+
+    def decode(self, engine: SpeculativeEngine, messages: list[dict], prompt_ids: list[int],
+               max_new_tokens: int) -> GenerationResult:
+        from app.worker import EngineRun
+
+        ended: list = []
+        run = EngineRun(lambda push, cancel: engine.generate(prompt_ids, max_new_tokens))
+        run.finished.connect(lambda result: ended.append(("result", result)))
+        run.failed.connect(lambda message: ended.append(("error", message)))
+        run.start()
+        WindowSurface._wait((run.finished, run.failed), lambda: bool(ended))
+        kind, value = ended[0]
+        if kind == "error":
+            raise RuntimeError(f"the engine failed on its thread: {value}")
+        return value

@@ -78,6 +78,34 @@ def test_frames_come_at_most_at_frame_rate_however_fast_steps_are(qtbot):
     assert done == ["end"]
 
 
+def test_every_job_runs_on_one_engine_thread_one_after_another(qtbot):
+    # one thread for the app's life (one OpenMP pool for llama.cpp), and jobs never overlap on the models
+    log, done = [], []
+    first_may_end = threading.Event()
+
+    def job(name, wait_for=None):
+        def run(push, cancel):
+            log.append((name, "start", threading.get_ident()))
+            if wait_for is not None:
+                wait_for.wait(TIMEOUT / 1000)
+            log.append((name, "end", threading.get_ident()))
+            return name
+        return run
+
+    runs = [EngineRun(job("first", first_may_end)), EngineRun(job("second"))]
+    for run in runs:
+        run.finished.connect(done.append)
+        run.start()
+    qtbot.waitUntil(lambda: bool(log))
+    assert runs[1].running and not runs[1].wait(50)       # queued behind the first, not run beside it
+    first_may_end.set()
+    qtbot.waitUntil(lambda: len(done) == 2, timeout=TIMEOUT)
+    assert [(name, what) for name, what, _ in log] == [("first", "start"), ("first", "end"), ("second", "start"),
+                                                        ("second", "end")]
+    assert len({ident for *_, ident in log}) == 1 and log[0][2] != threading.get_ident()
+    assert done == ["first", "second"] and not any(run.running for run in runs)
+
+
 def test_shift_enter_adds_a_line_instead_of_sending(make_window, qtbot):
     window = make_window()
     qtbot.keyClicks(window.prompt, "line one")
@@ -352,7 +380,7 @@ def test_loading_shows_progress_and_closing_mid_load_ends_cleanly(make_window, q
     assert reported.is_set()
     run = window.session.models.loading_run
     window.close()
-    assert not run._thread.isRunning()
+    assert not run.running and run._runner.ended.is_set()
 
 
 def test_origin_highlight_toggle_and_system_prompt(make_window, ask, qtbot, monkeypatch, tiny_backends):

@@ -13,6 +13,7 @@ from core.auto.cli import main as plan_main
 from core.auto.costs import Latencies
 from core.auto.estimates import AcceptanceTracker, PromptRates
 from core.auto.plan import MAX_BUDGET, MAX_DEPTH, PLAN_VERSION, best_plan
+from core.auto.step_costs import MIN_SAMPLES, StepCosts
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
 from core.memory import MemoryStats, open_memory
@@ -46,7 +47,7 @@ def test_expensive_verification_means_plain_decoding_with_a_reason() -> None:
     target, draft = tiny_draft_pair(vocab=24, seed=7, noise=0.05)
     # a target call on n tokens costs n^2 plain decodes: no draft can pay for itself
     plan = make_plan(target, draft, {1: 1.0, 2: 4.0, 4: 16.0, 16: 256.0})
-    result, events = run(target, draft, Auto(plan, use_memory=False))
+    result, events = run(target, draft, Auto(plan, use_memory=False, clock=None))
     assert result.tokens == baseline(target).tokens
     assert result.stats.drafted == 0
     assert all(e.note.startswith("plain decoding: ") for e in events)
@@ -56,7 +57,7 @@ def test_expensive_verification_means_plain_decoding_with_a_reason() -> None:
 
 def test_flat_verification_means_trees_and_lossless() -> None:
     target, draft = tiny_draft_pair(vocab=24, seed=7, noise=0.05)
-    auto = Auto(make_plan(target, draft, {1: 1.0, 16: 1.0}), use_memory=False)
+    auto = Auto(make_plan(target, draft, {1: 1.0, 16: 1.0}), use_memory=False, clock=None)
     result, events = run(target, draft, auto, prompt=[1, 2, 3])
     assert result.tokens == baseline(target, [1, 2, 3]).tokens
     assert auto.last_drafter.counts["tree"] > 0
@@ -66,7 +67,7 @@ def test_flat_verification_means_trees_and_lossless() -> None:
 
 def test_memory_drafts_when_the_text_repeats(tmp_path) -> None:
     target, _ = tiny_draft_pair(vocab=24, seed=7)
-    auto = Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=open_memory("t", tmp_path))
+    auto = Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=open_memory("t", tmp_path), clock=None)
     result, events = run(target, None, auto)
     assert result.tokens == baseline(target).tokens
     assert {n.source for e in events for n in e.nodes} == {"memory"}
@@ -77,12 +78,58 @@ def test_a_remembered_answer_drafts_its_regeneration(tmp_path) -> None:
     target, _ = tiny_draft_pair(vocab=24, seed=9)
     memory = open_memory("t", tmp_path)
     prompt = [5, 1, 9, 2]
-    first, _ = run(target, None, Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=memory), prompt)
-    again, events = run(target, None, Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=memory),
-                        prompt)
+    first, _ = run(target, None, Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=memory, clock=None),
+                   prompt)
+    again, events = run(target, None, Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=memory,
+                                           clock=None), prompt)
     assert again.tokens == first.tokens == baseline(target, prompt).tokens
     assert again.stats.accepted >= len(again.tokens) // 2      # the earlier answer was drafted back
     assert again.stats.target_calls < first.stats.target_calls
+
+
+class StepClock:
+    """A clock a machine would show: each step advances it by what the option taken costs here."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds, self.now, self.auto = seconds, 0.0, None
+
+    def __call__(self) -> float:
+        drafter = self.auto.last_drafter
+        self.now += self.seconds[drafter.choice] if drafter is not None else 0.0
+        return self.now
+
+
+@pytest.mark.parametrize("tree_seconds, drops_tree", [(1.05, False), (8.0, True)])
+def test_a_tree_that_costs_more_than_planned_gives_way_to_plain(tree_seconds, drops_tree) -> None:
+    target, draft = tiny_draft_pair(vocab=24, seed=7, noise=0.05)
+    plan = make_plan(target, draft, {1: 1.0, 16: 1.0})          # a tree step is planned at about one plain step
+    clock = StepClock({"plain": 1.0, "tree": tree_seconds, "memory": 1.0})
+    auto = clock.auto = Auto(plan, use_memory=False, clock=clock)
+    result, events = run(target, draft, auto, prompt=[1, 2, 3], tokens=40)
+    assert result.tokens == baseline(target, [1, 2, 3], 40).tokens
+    counts = auto.last_drafter.counts
+    if drops_tree:
+        assert counts["tree"] == MIN_SAMPLES        # each step is charged when the next one is chosen
+        plain = [e.note for e in events if e.note.startswith("plain decoding: ")]
+        assert counts["plain"] == len(plain) > 0 and "take 7.55x the plan's timing" in plain[-1]   # 8 s / 1.06 s
+    else:
+        assert counts["plain"] == 0 and counts["tree"] > 0
+
+
+def test_step_costs_follow_the_median_of_measured_steps() -> None:
+    costs = StepCosts(window=5)
+    for _ in range(MIN_SAMPLES - 1):
+        costs.observe("tree", 0.1, 0.2)
+    assert costs.factor("tree") == 1.0                  # too few steps: the plan's cost stands
+    costs.observe("tree", 0.1, 5.0)                     # one stalled step ...
+    assert costs.factor("tree") == pytest.approx(2.0)   # ... does not move the median
+    for _ in range(5):
+        costs.observe("tree", 0.1, 0.13)
+    assert costs.factor("tree") == pytest.approx(1.3)   # the window forgets older steps
+    assert costs.factor("plain") == 1.0                 # options are measured apart
+    costs.observe("plain", 0.1, float("nan"))
+    costs.observe("plain", 0.0, 0.1)
+    assert costs.samples("plain") == 0
 
 
 def test_a_few_rejections_stop_memory_for_this_prompt() -> None:
@@ -101,8 +148,8 @@ def test_a_few_rejections_stop_memory_for_this_prompt() -> None:
 def test_the_gate_is_the_measured_noise() -> None:
     target, _ = tiny_draft_pair(vocab=24, seed=7)
     # memory on this repetitive text predicts about 1.2x at these costs: taken with no noise, refused with 30%
-    quiet = Auto(make_plan(target, None, {1: 1.0, 2: 1.6, 4: 2.8, 16: 12.0}), use_memory=False)
-    noisy = Auto(make_plan(target, None, {1: 1.0, 2: 1.6, 4: 2.8, 16: 12.0}, noise=0.3), use_memory=False)
+    quiet = Auto(make_plan(target, None, {1: 1.0, 2: 1.6, 4: 2.8, 16: 12.0}), use_memory=False, clock=None)
+    noisy = Auto(make_plan(target, None, {1: 1.0, 2: 1.6, 4: 2.8, 16: 12.0}, noise=0.3), use_memory=False, clock=None)
     quiet_result, _ = run(target, None, quiet, tokens=30)
     noisy_result, events = run(target, None, noisy, tokens=30)
     assert quiet_result.stats.drafted > 0
@@ -112,7 +159,7 @@ def test_the_gate_is_the_measured_noise() -> None:
 
 def test_lookups_are_scored_while_decoding_plainly() -> None:
     target, _ = tiny_draft_pair(vocab=24, seed=7)
-    auto = Auto(make_plan(target, None, {1: 1.0, 2: 10.0, 16: 100.0}), use_memory=False)
+    auto = Auto(make_plan(target, None, {1: 1.0, 2: 10.0, 16: 100.0}), use_memory=False, clock=None)
     auto.bind(target, None, GREEDY)
     drafter = auto.make_drafter(None, GREEDY, None)
     drafter.start([1, 2, 3, 1, 2])
@@ -167,7 +214,7 @@ def test_drift_replans_the_tree() -> None:
     plan = make_plan(target, draft, {1: 1.0, 16: 1.0}, acceptance=(0.95, 0.04))
     planned = plan.tree.parents
     saved = []
-    auto = Auto(plan, use_memory=False)
+    auto = Auto(plan, use_memory=False, clock=None)
     auto._replanned = saved.append
     result, events = run(target, draft, auto, prompt=[1, 2, 3], tokens=60)
     assert saved, "the measured acceptance is far below the plan's: it must re-plan"

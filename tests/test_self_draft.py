@@ -356,6 +356,23 @@ def test_choose_layers_times_the_early_exits(deep_target) -> None:
     assert default_candidates(28) == (7, 10, 14, 18, 21) and default_candidates(2) == (1,)
 
 
+def test_self_calibrate_command_measures_a_smaller_sample(capsys) -> None:
+    from core.auto.self_calibrate import main
+
+    import re
+
+    steps = []
+    for tokens in (2, 12):
+        assert main(["--pair", "tiny", "--layers", "1", "--tokens", str(tokens), "--prompts", "1"]) == 0
+        out = capsys.readouterr().out
+        assert "Chosen: L=1" in out
+        steps.append(int(re.search(r"L=1: a = \(.*\) over (\d+) steps", out).group(1)))
+    # a step emits 1 to 5 tokens (one-level trees of 4): one prompt of 2 tokens takes at most 2 steps, of 12 at least 3
+    assert steps[0] <= 2 < 3 <= steps[1]
+    assert main(["--pair", "tiny", "--tokens", "0"]) == 2
+    assert "--tokens must be at least 1" in capsys.readouterr().err
+
+
 # -- the bench mode ------------------------------------------------------------------------------------------------
 def test_bench_mode_parses() -> None:
     assert strategy_for("self:3") == SelfDraft(3, (-1, 0, 1, 2))

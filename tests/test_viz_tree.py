@@ -209,3 +209,25 @@ def test_a_control_token_is_a_marked_box_not_its_name():
     extra = next(b for b in tl.layout_step(e) if b.key == "extra")
     assert extra.label == f"{tl.END_MARK} end" and "<|" not in extra.label
     assert "end" in tl.explain_extra(e) and "<|im_end|>" not in extra.label
+
+
+def test_a_box_that_shrinks_then_leaves_is_gone_from_the_scene(qtbot):
+    # A box reused for a shorter label shrinks; if the scene learnt of the change only after it (its index keyed by
+    # the new, smaller rectangle), the box's old area kept a pointer to it, and once the box left, the next paint
+    # there called into a deleted item. The window crashed so on memory drafts, whose labels are long.
+    from PySide6.QtWidgets import QApplication
+
+    view = TreeView()
+    qtbot.addWidget(view)
+    view.resize(700, 300)
+    view.show()
+    wide = event([node(0, -1, 1, Fate.ACCEPTED, text="w" * 60), node(1, 0, 2, Fate.REJECTED, text="v" * 60)], [0])
+    narrow = event([node(0, -1, 1, Fate.ACCEPTED, text="n"), node(1, 0, 2, Fate.REJECTED, text="m")], [0])
+    root_only = event([], [])
+    for step in (wide, narrow, root_only, wide, root_only):
+        view.show_step(step, animate=False)
+        QApplication.processEvents()
+        image = view.viewport().grab().toImage()
+        assert not image.isNull()
+    assert view.items_by_kind() == expected_kinds(root_only)
+    assert len(view.scene().items()) == len(view._items) + len(view._edges) + len(view._depth_labels)

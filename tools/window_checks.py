@@ -22,6 +22,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 QUESTION = "Write a Python function that merges two sorted lists."
+# as long in tokens, and not a prefix of it: the second answer must read its prompt as the first did (asking the same
+# question again reuses the whole prompt from the cache, which says nothing about warmth)
+OTHER_QUESTION = "Write a Python function that reverses a linked list."
 
 
 def window(**settings):
@@ -80,11 +83,14 @@ def ttft() -> dict:
     warm = time.perf_counter() - t0
     first, first_seen = ask(w, QUESTION)
     w.session.new_chat()
-    second, second_seen = ask(w, QUESTION)
+    second, second_seen = ask(w, OTHER_QUESTION)
+    w.session.new_chat()
+    again, again_seen = ask(w, QUESTION)
     return {"load_and_warm_seconds": round(warm, 2),
             "first_ttft": first.stats.time_to_first_token, "second_ttft": second.stats.time_to_first_token,
             "first_seen_after_send": first_seen, "second_seen_after_send": second_seen,
-            "ratio": first.stats.time_to_first_token / second.stats.time_to_first_token}
+            "ratio": first.stats.time_to_first_token / second.stats.time_to_first_token,
+            "same_question_again_ttft": again.stats.time_to_first_token, "same_question_again_seen": again_seen}
 
 
 def stop() -> dict:

@@ -67,6 +67,8 @@ class NodeItem(QGraphicsObject):
         self.apply(box)
 
     def apply(self, box: tl.Box) -> None:
+        # before the width changes: the scene must learn of a new size while it still knows the old one
+        self.prepareGeometryChange()
         self.box = box
         self.style = STYLES[box.kind]
         label = f"{self.style.marker}{box.label}" if self.style.marker else box.label
@@ -75,7 +77,6 @@ class NodeItem(QGraphicsObject):
         self.width = max(MIN_BOX_W, width)
         self.setToolTip(box.detail)
         self.setZValue(2 if box.on_path else 1)
-        self.prepareGeometryChange()
         self.update()
 
     def boundingRect(self) -> QRectF:
@@ -113,7 +114,10 @@ class TreeView(QGraphicsView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setScene(QGraphicsScene(self))
+        scene = QGraphicsScene(self)
+        # boxes move, resize, come and go every step: a spatial index would be rebuilt as often as it is used
+        scene.setItemIndexMethod(QGraphicsScene.ItemIndexMethod.NoIndex)
+        self.setScene(scene)
         self.setRenderHint(QPainter.Antialiasing)
         self._ink = CAPTION_COLOUR
         self.setBackgroundBrush(QColor(BACKGROUND))

@@ -10,6 +10,9 @@ Each option is scored in predicted tokens per second from the evidence at hand:
 * the draft model's Sequoia tree: ``c(n, d)`` from the acceptance tracked online, cost the measured draft and verify
   times of that shape.
 
+Each cost is the plan's, scaled by what that option's steps have really cost in this decode (core.auto.step_costs):
+the plan times each forward alone, and a draft-model step interleaved with the target's costs more than that.
+
 Every option pays the memory lookup (timed each step). An option other than plain is taken only when it beats plain
 decoding by the plan's gate (the machine's measured timing noise, at least 3 %): a gain smaller than the noise is a
 coin toss that costs a verification of several tokens when it loses.
@@ -17,10 +20,11 @@ coin toss that costs a verification of several tokens when it loses.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from core.auto.estimates import AcceptanceTracker, PromptRates
 from core.auto.plan import MAX_BUDGET, MAX_DEPTH, Plan, best_plan
+from core.auto.step_costs import MIN_SAMPLES, StepCosts
 from core.drafting import DrafterBase, ModelDrafter
 from core.events import PlanEvent
 from core.memory import MemoryDrafter, MemoryProposal
@@ -38,9 +42,14 @@ DRIFT_STEPS = 12        # ... judged over at least this many model-drafted steps
 
 
 class AutoDrafter(DrafterBase):
-    """See the module docstring. ``model`` is the draft model's drafter when the plan's tree pays, else None."""
+    """See the module docstring. ``model`` is the draft model's drafter when the plan's tree pays, else None.
 
-    def __init__(self, plan: Plan, memory: MemoryDrafter, model: ModelDrafter | None, on_replan=None) -> None:
+    ``costs`` carries what steps cost from one generation to the next; ``clock`` times them (None: decide from the
+    plan's latencies alone, as tests with made-up latencies do).
+    """
+
+    def __init__(self, plan: Plan, memory: MemoryDrafter, model: ModelDrafter | None, on_replan=None,
+                 costs: StepCosts | None = None, clock: Callable[[], float] | None = time.perf_counter) -> None:
         self.plan = plan
         self.latencies = plan.latencies
         self.memory = memory
@@ -48,12 +57,16 @@ class AutoDrafter(DrafterBase):
         self.tracker = AcceptanceTracker(plan.acceptance) if model is not None else None
         self.tree_plan = plan.tree if model is not None else None
         self.on_replan = on_replan
+        self.costs = costs if costs is not None else StepCosts()
+        self.clock = clock
+        self._step: tuple[str, float, float] | None = None   # the last step's option, planned cost and start
         self.rates = PromptRates(memory.stats)
         self.note = ""
         self.choice = "plain"
         self.counts = {"plain": 0, "memory": 0, "tree": 0}
         self.predicted_tokens = 0.0
         self.predicted_seconds = 0.0
+        self.plain_seconds = 0.0   # what a plain step was predicted to cost at each step, summed
         self.lookup_seconds = 0.0
         self._lookups = 0
         self._skip = 0          # steps left without a lookup
@@ -67,9 +80,11 @@ class AutoDrafter(DrafterBase):
         """Tokens per second the chosen steps were predicted to reach, over plain decoding's."""
         if self.predicted_seconds <= 0:
             return 1.0
-        return self.predicted_tokens / self.predicted_seconds * self.latencies.plain
+        steps = sum(self.counts.values())
+        return self.predicted_tokens / self.predicted_seconds * self.plain_seconds / steps
 
     def start(self, prompt: Sequence[int], cancel=None) -> None:
+        self._step = None       # the time until the first draft is the prefill's, not a step's
         self.memory.start(prompt)
         if self.model is not None:
             self.model.start(prompt, cancel)
@@ -81,6 +96,7 @@ class AutoDrafter(DrafterBase):
     # -- the choice ---------------------------------------------------------------------------------------------
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         lat = self.latencies
+        started = self._time_last_step()
         self._score_shadow(tokens)
         proposal = self._lookup(tokens, max_nodes, max_depth)
         lookup = self.lookup_seconds / self._lookups if self._lookups else 0.0
@@ -92,7 +108,7 @@ class AutoDrafter(DrafterBase):
         if self.model is not None:
             shape = self.tree_plan.parents
             options["tree"] = (tree_value(shape, self.tracker.vector()), lat.tree_cost(shape) + lookup)
-        rate = {name: e / c for name, (e, c) in options.items()}
+        rate = {name: e / (c * self.costs.factor(name)) for name, (e, c) in options.items()}
         choice = max(rate, key=rate.get)
         plain = rate["plain"]
         if rate[choice] < plain * (1.0 + self.plan.gate):
@@ -102,7 +118,10 @@ class AutoDrafter(DrafterBase):
         self._back_off(choice == "memory", lookup)
         expected, cost = options[choice]
         self.predicted_tokens += expected
-        self.predicted_seconds += cost
+        self.predicted_seconds += cost * self.costs.factor(choice)
+        self.plain_seconds += lat.plain * self.costs.factor("plain")
+        if started is not None:
+            self._step = (choice, cost, started)
         self._shadow = (proposal, len(tokens)) if choice != "memory" and len(proposal.tree) else None
         self.shape = self.tree_plan.parents if choice == "tree" else None
         if choice == "memory":
@@ -117,6 +136,16 @@ class AutoDrafter(DrafterBase):
             return self.model.draft(tokens, max_depth, max_nodes)
         self.note = "plain decoding: " + self._why_plain(proposal, rate, plain)
         return TokenTree()
+
+    def _time_last_step(self) -> float | None:
+        """Now, after charging the time since the last draft to the option that step took."""
+        if self.clock is None:
+            return None
+        now = self.clock()
+        if self._step is not None:
+            option, planned, started = self._step
+            self.costs.observe(option, planned, now - started)
+        return now
 
     def _lookup(self, tokens: Sequence[int], max_nodes: int, max_depth: int) -> MemoryProposal:
         """Memory's proposal, timed; skipped (an empty proposal) while backing off."""
@@ -165,11 +194,19 @@ class AutoDrafter(DrafterBase):
         else:
             reasons.append("no earlier text matches")
         if "tree" in rate:
-            reasons.append(f"the draft model's tree is predicted at {rate['tree'] / plain:.2f}x")
+            reasons.append(f"the draft model's tree is predicted at {rate['tree'] / plain:.2f}x"
+                           + self._measured_note("tree"))
         elif self.plan.tree is not None:
             reasons.append(f"the draft model's best tree is predicted at {self.plan.tree.speedup:.2f}x")
         reasons.append(f"drafting needs {1 + self.plan.gate:.2f}x")
         return "; ".join(reasons)
+
+    def _measured_note(self, option: str) -> str:
+        """Say so when the option's steps cost noticeably more, relative to plain, than the plan timed."""
+        if self.costs.samples(option) < MIN_SAMPLES:
+            return ""
+        relative = self.costs.factor(option) / self.costs.factor("plain")
+        return f" (its steps take {relative:.2f}x the plan's timing)" if abs(relative - 1.0) > 0.1 else ""
 
     # -- learning -----------------------------------------------------------------------------------------------
     def _score_shadow(self, tokens: Sequence[int]) -> None:

@@ -145,12 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--layers", default="", help="comma-separated candidates L (default: 1/4 to 3/4 of the "
                         "target's layers)")
+    parser.add_argument("--tokens", type=int, default=CALIBRATION_TOKENS,
+                        help=f"tokens decoded per calibration prompt and candidate (default {CALIBRATION_TOKENS}; fewer "
+                        "is quicker and rougher: a float32 1.5B target on two cores takes minutes per candidate)")
+    parser.add_argument("--prompts", type=int, default=0, help="use only the first N calibration prompts (0: all)")
     args = parser.parse_args(argv)
     try:
         candidates = [int(x) for x in args.layers.split(",") if x.strip()] or None
         sampling = SamplingParams(temperature=args.temperature)
+        if args.tokens < 1 or args.prompts < 0:
+            raise ValueError("--tokens must be at least 1 and --prompts at least 0")
         target, _ = open_pair(args.pair, "hf", "hf", args.device)
-        _, choice = choose_layers(target, None, sampling, candidates,
+        prompts = calibration_prompts(target)[: args.prompts or None]
+        _, choice = choose_layers(target, prompts, sampling, candidates, tokens_per_prompt=args.tokens,
                                   report=lambda what, fraction: print(f"[{fraction:4.0%}] {what}", file=sys.stderr))
     except Exception as exc:   # a model that will not load, a bad candidate: one clear line
         print(f"self-calibration: {exc}", file=sys.stderr)

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import logging
+import time
+from typing import Callable
 
 from core.auto.cache import load_plan, save_plan
 from core.auto.calibrate import Report, apply_tuning, load_quantised, measure_plan
 from core.auto.plan import Plan, plan_key
 from core.auto.policy import AutoDrafter
+from core.auto.step_costs import StepCosts
 from core.drafting import ModelDrafter
 from core.memory import MemoryDrafter, SuffixMemory, open_memory
 from core.sampling import Rng, SamplingParams
@@ -32,19 +35,24 @@ class Auto:
     The engine binds it to its models before a generation: the plan is loaded from the cache or measured, its
     verification settings applied, and the memory of earlier texts opened (``memory=`` gives one; ``use_memory=False``
     drafts from the current text only). Pass ``plan=`` to decide from given measurements (tests inject latencies
-    this way).
+    this way, with ``clock=None`` so that the real steps' timings do not correct them).
+
+    What each option's steps really cost is learnt across the generations of one binding (core.auto.step_costs).
     """
 
     label = "Auto"
 
     def __init__(self, plan: Plan | None = None, cache: bool = True, refresh: bool = False,
-                 memory: SuffixMemory | None = None, use_memory: bool = True) -> None:
+                 memory: SuffixMemory | None = None, use_memory: bool = True,
+                 clock: Callable[[], float] | None = time.perf_counter) -> None:
         self.plan = plan
         self._fixed = plan is not None
         self.cache = cache
         self.refresh = refresh
         self.memory = memory
         self.use_memory = use_memory
+        self.clock = clock
+        self.step_costs = StepCosts()
         self.report: Report | None = None   # progress of a measurement, for a window that shows it
         self.last_drafter: AutoDrafter | None = None
         self._tree_draft = None     # the backend the tree is drafted with (a cheaper re-quantised copy, or the draft)
@@ -60,6 +68,7 @@ class Auto:
             self.plan = get_plan(target, draft, sampling, refresh=self.refresh, cache=self.cache, report=self.report)
             self.refresh = False
         apply_tuning(target, self.plan.tuning)
+        self.step_costs = StepCosts()
         self._tree_draft = None
         if draft is not None and self.plan.tree_pays():
             self._tree_draft = load_quantised(draft, self.plan.draft_quantised) or draft
@@ -82,5 +91,5 @@ class Auto:
         if tree_draft is not None and self.plan.tree_pays():
             model = ModelDrafter(tree_draft, self.plan.tree.parents, "without_replacement", params, rng, "draft")
         memory = MemoryDrafter(self.memory if self.use_memory else None)
-        self.last_drafter = AutoDrafter(self.plan, memory, model, self._replanned)
+        self.last_drafter = AutoDrafter(self.plan, memory, model, self._replanned, self.step_costs, self.clock)
         return self.last_drafter

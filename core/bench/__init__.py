@@ -119,7 +119,11 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
         memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
         strategies = scored(attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory),
                             sampling)
-        chosen = [EngineSurface()] + ([surfaces[args.surface](target, draft)] if args.surface != "engine" else [])
+        chosen = [EngineSurface()]
+        if args.surface != "engine":
+            # a surface may bring the bare engine it is to be compared with (the window: on the same thread)
+            extra = surfaces[args.surface](target, draft)
+            chosen = [extra.engine_surface() if hasattr(extra, "engine_surface") else EngineSurface(), extra]
         setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
                            chosen)
         runs = run_bench(setup, prompts, encoded, stderr_log)
