@@ -231,3 +231,18 @@ def test_a_box_that_shrinks_then_leaves_is_gone_from_the_scene(qtbot):
         assert not image.isNull()
     assert view.items_by_kind() == expected_kinds(root_only)
     assert len(view.scene().items()) == len(view._items) + len(view._edges) + len(view._depth_labels)
+
+
+def test_depth_labels_stay_clear_of_long_token_boxes(qtbot):
+    view = TreeView()
+    qtbot.addWidget(view)
+    view.resize(700, 300)
+    view.show()
+    view.show_step(event([node(0, -1, 1, Fate.ACCEPTED, text="demonstration" * 3)], [0]), animate=False)
+    boxes = [item.sceneBoundingRect() for item in view._items.values()]
+    assert max(box.width() for box in boxes) > SLOT_W      # the long token's box is wider than its slot
+    for label in view._depth_labels:
+        drawn = label.sceneBoundingRect()
+        assert drawn.right() < min(box.left() for box in boxes)
+        assert view.scene().sceneRect().contains(drawn)
+    assert all(view.scene().sceneRect().contains(box) for box in boxes)

@@ -47,6 +47,7 @@ LEVEL_H = 58.0
 ANIMATION_MS = 260
 CAPTION_H = 13.0
 DROP = 10.0   # how far a box with new content drops in from
+GAP = 8.0     # between the depth labels and the leftmost box
 CAPTION_COLOUR = "#546e7a"
 BACKGROUND = "#fafafa"
 
@@ -257,16 +258,22 @@ class TreeView(QGraphicsView):
             edge.setPen(pen)
             edge.setOpacity(style.opacity)
 
+    def _edges_x(self) -> tuple[float, float]:
+        """The left and right edges of the drawing's boxes and captions (a long token's box is wider than its slot)."""
+        halves = [(b.x * SLOT_W, self._items[b.key].boundingRect().width() / 2) for b in self.boxes]
+        return min(x - h for x, h in halves), max(x + h for x, h in halves)
+
     def _label_depths(self) -> None:
         for label in self._depth_labels:
             self.scene().removeItem(label)
-        left = min(b.x for b in self.boxes) * SLOT_W - SLOT_W * 0.95
+        left, _ = self._edges_x()
         self._depth_labels = []
         for depth in sorted({b.depth for b in self.boxes if b.depth > 0}):
             label = QGraphicsSimpleTextItem(f"depth {depth}")
             label.setFont(self._small)
             label.setBrush(QColor(self._ink))
-            label.setPos(left, depth * LEVEL_H - label.boundingRect().height() / 2)
+            size = label.boundingRect()
+            label.setPos(left - GAP - size.width(), depth * LEVEL_H - size.height() / 2)
             self.scene().addItem(label)
             self._depth_labels.append(label)
 
@@ -281,9 +288,10 @@ class TreeView(QGraphicsView):
             edge.setLine(parent.x(), parent.y() + below, child.x(), child.y() - BOX_H / 2)
 
     def _fit(self) -> None:
-        xs = [b.x * SLOT_W for b in self.boxes]
+        left, right = self._edges_x()
+        labels = max((label.boundingRect().width() for label in self._depth_labels), default=0.0) + 2 * GAP
         ys = [b.depth * LEVEL_H for b in self.boxes]
-        rect = QRectF(min(xs) - SLOT_W, min(ys) - LEVEL_H / 2, max(xs) - min(xs) + 2 * SLOT_W,
+        rect = QRectF(left - labels, min(ys) - LEVEL_H / 2, right - left + labels + 2 * GAP,
                       max(ys) - min(ys) + LEVEL_H + CAPTION_H)
         self.scene().setSceneRect(rect)
         self.resetTransform()
