@@ -4,9 +4,9 @@ Every job runs on one engine thread, started on first use and kept for the life 
 it, so two never touch the same models at once). One thread, not one per job: llama.cpp parallelises with OpenMP,
 whose pool of worker threads belongs to the thread that calls it; with a second pool alive (a fresh job thread
 beside one that already decoded) libgomp has more threads than cores, and, as far as we can tell, its barriers
-(hundreds per token) stop spinning and sleep. Measured on two cores with the default pair (greedy, 64 tokens, one process per layout,
-6 runs each, tools/thread_layouts.py): load and decode on one worker thread 12.99 tok/s median, decode on a second thread 12.1, on a fresh
-thread per run 11.85.
+(hundreds per token) stop spinning and sleep. Measured on two cores with the default pair (greedy, 64 tokens, one
+process per layout, 6 runs each, tools/thread_layouts.py): load and decode on one worker thread 12.99 tok/s median,
+decode on a second thread 12.1, on a fresh thread per run 11.85.
 
 A job pushes immutable items (StepEvents and other frozen data) into a buffer; the GUI thread
 drains the buffer with a timer at ``FRAME_HZ`` and emits them as one ``frame``. So however fast steps come, the views

@@ -108,7 +108,8 @@ class AutoDrafter(DrafterBase):
         if self.model is not None:
             shape = self.tree_plan.parents
             options["tree"] = (tree_value(shape, self.tracker.vector()), lat.tree_cost(shape) + lookup)
-        rate = {name: e / (c * self.costs.factor(name)) for name, (e, c) in options.items()}
+        factor = {name: self.costs.factor(name) for name in options}   # each a median: taken once per step
+        rate = {name: e / (c * factor[name]) for name, (e, c) in options.items()}
         choice = max(rate, key=rate.get)
         plain = rate["plain"]
         if rate[choice] < plain * (1.0 + self.plan.gate):
@@ -118,8 +119,8 @@ class AutoDrafter(DrafterBase):
         self._back_off(choice == "memory", lookup)
         expected, cost = options[choice]
         self.predicted_tokens += expected
-        self.predicted_seconds += cost * self.costs.factor(choice)
-        self.plain_seconds += lat.plain * self.costs.factor("plain")
+        self.predicted_seconds += cost * factor[choice]
+        self.plain_seconds += lat.plain * factor["plain"]
         if started is not None:
             self._step = (choice, cost, started)
         self._shadow = (proposal, len(tokens)) if choice != "memory" and len(proposal.tree) else None

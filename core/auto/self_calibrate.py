@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", default="", help="comma-separated candidates L (default: 1/4 to 3/4 of the "
                         "target's layers)")
     parser.add_argument("--tokens", type=int, default=CALIBRATION_TOKENS,
-                        help=f"tokens decoded per calibration prompt and candidate (default {CALIBRATION_TOKENS}; fewer "
-                        "is quicker and rougher: a float32 1.5B target on two cores takes minutes per candidate)")
+                        help=f"tokens decoded per calibration prompt and candidate (default {CALIBRATION_TOKENS}; "
+                        "fewer is quicker and rougher: a float32 1.5B target on two cores takes minutes per candidate)")
     parser.add_argument("--prompts", type=int, default=0, help="use only the first N calibration prompts (0: all)")
     args = parser.parse_args(argv)
     try:
