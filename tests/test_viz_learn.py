@@ -128,6 +128,26 @@ def test_mixed_sources_get_badges_and_a_legend() -> None:
     assert tl.source_colour("ngram") in legend and "draft" in legend
 
 
+
+def test_the_replay_legend_follows_the_shown_step_and_is_set_only_when_it_changes(qtbot, monkeypatch) -> None:
+    from app.viz.tree_view import TreeReplay
+
+    mixed = [_node(0, -1, 1, Fate.ACCEPTED, 0.7, 0.6, 1.0), _node(1, -1, 1, Fate.NOT_REACHED, None, 1.0, None,
+                                                                   source="ngram")]
+    replay = TreeReplay()
+    qtbot.addWidget(replay)
+    replay.show()
+    sets = []
+    set_text = replay.legend.setText
+    monkeypatch.setattr(replay.legend, "setText", lambda text: (sets.append(text), set_text(text)))
+    replay.add_steps([_event(mixed[:1], [0])])
+    replay.add_steps([_event(mixed[:1], [0])])           # the same drafters again: the legend is not set again
+    assert replay.legend.text() == legend_html(()) and sets == []
+    replay.add_steps([_event(mixed, [0])])
+    assert replay.legend.text() == legend_html(("draft", "ngram")) and len(sets) == 1
+    replay.show_index(0, animate=False)                  # replaying a single-drafter step drops the badges
+    assert replay.legend.text() == legend_html(()) and len(sets) == 2
+
 def test_learn_scene_renders(qapp, data_dir, tmp_path) -> None:
     out = tmp_path / "shots"
     assert main(["--scene", "learn", "--out", str(out), "--pair", "tiny"]) == 0

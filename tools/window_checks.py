@@ -96,13 +96,15 @@ def ttft() -> dict:
 def stop() -> dict:
     from core.context import answer_reserve
 
-    w = window()
+    w = window(max_new_tokens=32)   # a short answer leaves the prompt nearly the whole context: about 4,000 tokens
     wait(lambda: w.session.is_warm)
     target = w.session.backends[0]
     # the longest prompt the chat accepts: the context less the answer's share and the template's tokens
     room = target.context_length - answer_reserve(target.context_length, w.session.settings.max_new_tokens) - 64
     sentence = "the quick brown fox jumps over the lazy dog "
-    words = (sentence * (room // len(target.tokenize(sentence)))).strip()
+    repeats = room // len(target.tokenize(sentence))
+    repeats = repeats * room // len(target.tokenize(sentence * repeats))   # repeated, the sentence tokenises shorter
+    words = (sentence * repeats).strip()
     tokens = len(target.tokenize(words))
     done = []
     w.session.answer_finished.connect(lambda message, result: done.append((message, result)))

@@ -409,7 +409,9 @@ class TreeReplay(QWidget):
             raise IndexError(f"step {i} does not exist: the answer has {len(self.events)} steps")
         self._stale = False
         self.view.show_step(self.events[i], animate)
-        self.legend.setText(legend_html(tl.mixed_sources(self.events[i].nodes)))
+        legend = legend_html(tl.mixed_sources(self.events[i].nodes))
+        if legend != self.legend.text():  # a rich-text label lays itself out again on every setText
+            self.legend.setText(legend)
         if self.slider.value() != i:
             self.slider.blockSignals(True)
             self.slider.setValue(i)
