@@ -19,6 +19,20 @@ from core.events import GenerationResult
 WINDOW_SIZE = (1440, 900)
 
 
+def wait_for(signals: tuple, done) -> None:
+    """Run the event loop until one of ``signals`` fires and ``done()`` holds. Woken by the signals, never by a
+    polling timer: a GUI thread that wakes often takes the CPU from the decoding threads, which is measured."""
+    from PySide6.QtCore import QEventLoop
+
+    loop = QEventLoop()
+    for signal in signals:
+        signal.connect(loop.quit)
+    while not done():
+        loop.exec()
+    for signal in signals:
+        signal.disconnect(loop.quit)
+
+
 class WindowSurface:
     name = "window"
 
@@ -34,25 +48,11 @@ class WindowSurface:
         self.window = open_window(settings, HistoryStore(Path(self._folder.name) / HISTORY_FILE),
                                   load=lambda choice, progress: (target, draft), persist=False)
         self.window.resize(*WINDOW_SIZE)
-        self._wait((self.window.session.warm,), lambda: self.window.session.is_warm)
+        wait_for((self.window.session.warm,), lambda: self.window.session.is_warm)
 
     def engine_surface(self) -> "EngineThreadSurface":
         """The bare engine to compare the window with."""
         return EngineThreadSurface()
-
-    @staticmethod
-    def _wait(signals: tuple, done) -> None:
-        """Run the event loop until one of ``signals`` fires and ``done()`` holds. Woken by the signals, never by a
-        polling timer: a GUI thread that wakes often takes the CPU from the decoding threads, which is measured."""
-        from PySide6.QtCore import QEventLoop
-
-        loop = QEventLoop()
-        for signal in signals:
-            signal.connect(loop.quit)
-        while not done():
-            loop.exec()
-        for signal in signals:
-            signal.disconnect(loop.quit)
 
     def decode(self, engine: SpeculativeEngine, messages: list[dict], prompt_ids: list[int],
                max_new_tokens: int) -> GenerationResult:
@@ -73,7 +73,7 @@ class WindowSurface:
         session.answer_finished.connect(done)
         if not self.window.send(messages[-1]["content"]):
             raise RuntimeError("the window did not accept the prompt")
-        self._wait((session.answer_finished,), lambda: bool(results))
+        wait_for((session.answer_finished,), lambda: bool(results))
         session.answer_finished.disconnect(done)
         if results[0] is None:
             raise RuntimeError("the window's answer failed")
@@ -105,7 +105,7 @@ class EngineThreadSurface:
         run.finished.connect(lambda result: ended.append(("result", result)))
         run.failed.connect(lambda message: ended.append(("error", message)))
         run.start()
-        WindowSurface._wait((run.finished, run.failed), lambda: bool(ended))
+        wait_for((run.finished, run.failed), lambda: bool(ended))
         kind, value = ended[0]
         if kind == "error":
             raise RuntimeError(f"the engine failed on its thread: {value}")

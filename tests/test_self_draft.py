@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -358,8 +359,6 @@ def test_choose_layers_times_the_early_exits(deep_target) -> None:
 
 def test_self_calibrate_command_measures_a_smaller_sample(capsys) -> None:
     from core.auto.self_calibrate import main
-
-    import re
 
     steps = []
     for tokens in (2, 12):

@@ -128,7 +128,6 @@ def test_mixed_sources_get_badges_and_a_legend() -> None:
     assert tl.source_colour("ngram") in legend and "draft" in legend
 
 
-
 def test_the_replay_legend_follows_the_shown_step_and_is_set_only_when_it_changes(qtbot, monkeypatch) -> None:
     from app.viz.tree_view import TreeReplay
 
@@ -147,6 +146,7 @@ def test_the_replay_legend_follows_the_shown_step_and_is_set_only_when_it_change
     assert replay.legend.text() == legend_html(("draft", "ngram")) and len(sets) == 1
     replay.show_index(0, animate=False)                  # replaying a single-drafter step drops the badges
     assert replay.legend.text() == legend_html(()) and len(sets) == 2
+
 
 def test_learn_scene_renders(qapp, data_dir, tmp_path) -> None:
     out = tmp_path / "shots"

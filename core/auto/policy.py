@@ -135,7 +135,7 @@ class AutoDrafter(DrafterBase):
             self.note = (f"Sequoia tree of {len(shape)} nodes, depth {max(depths_of(shape))}: "
                          f"predicted {rate[choice] / plain:.2f}x")
             return self.model.draft(tokens, max_depth, max_nodes)
-        self.note = "plain decoding: " + self._why_plain(proposal, rate, plain)
+        self.note = "plain decoding: " + self._why_plain(proposal, rate, plain, factor)
         return TokenTree()
 
     def _time_last_step(self) -> float | None:
@@ -186,7 +186,8 @@ class AutoDrafter(DrafterBase):
                 best_n, best_expected, best_rate = j + 1, expected, rate
         return best_n, best_expected
 
-    def _why_plain(self, proposal: MemoryProposal, rate: dict[str, float], plain: float) -> str:
+    def _why_plain(self, proposal: MemoryProposal, rate: dict[str, float], plain: float,
+                   factor: dict[str, float]) -> str:
         reasons = []
         if "memory" in rate:
             reasons.append(f"memory's match of {proposal.match} tokens is predicted at {rate['memory'] / plain:.2f}x")
@@ -196,17 +197,17 @@ class AutoDrafter(DrafterBase):
             reasons.append("no earlier text matches")
         if "tree" in rate:
             reasons.append(f"the draft model's tree is predicted at {rate['tree'] / plain:.2f}x"
-                           + self._measured_note("tree"))
+                           + self._measured_note("tree", factor))
         elif self.plan.tree is not None:
             reasons.append(f"the draft model's best tree is predicted at {self.plan.tree.speedup:.2f}x")
         reasons.append(f"drafting needs {1 + self.plan.gate:.2f}x")
         return "; ".join(reasons)
 
-    def _measured_note(self, option: str) -> str:
+    def _measured_note(self, option: str, factor: dict[str, float]) -> str:
         """Say so when the option's steps cost noticeably more, relative to plain, than the plan timed."""
         if self.costs.samples(option) < MIN_SAMPLES:
             return ""
-        relative = self.costs.factor(option) / self.costs.factor("plain")
+        relative = factor[option] / factor["plain"]
         return f" (its steps take {relative:.2f}x the plan's timing)" if abs(relative - 1.0) > 0.1 else ""
 
     # -- learning -----------------------------------------------------------------------------------------------

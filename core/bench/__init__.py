@@ -21,7 +21,7 @@ from typing import Callable
 from core.bench.modes import HF_ASSISTED, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes, strategy_for
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
-from core.bench.run import BenchSetup, EngineSurface, attach_memory, run_bench, stderr_log
+from core.bench.run import BenchSetup, ComparedSurface, EngineSurface, attach_memory, run_bench, stderr_log
 from core.bench.runners import HFAssisted, NativeRunner
 from core.bench.same_drafts import scored
 from core.cli_args import add_pair_arguments, open_pair
@@ -29,7 +29,7 @@ from core.sampling import SamplingParams
 
 __all__ = ["DEFAULT_PROMPTS", "PROMPT_DIR", "BenchError", "geomean", "main", "read_prompts", "strategy_for"]
 
-SurfaceFactory = Callable[[object, object], object]   # (target, draft) -> a Surface
+SurfaceFactory = Callable[[object, object], ComparedSurface]   # (target, draft) -> the surface to measure
 
 
 def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
@@ -121,9 +121,8 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
                             sampling)
         chosen = [EngineSurface()]
         if args.surface != "engine":
-            # a surface may bring the bare engine it is to be compared with (the window: on the same thread)
             extra = surfaces[args.surface](target, draft)
-            chosen = [extra.engine_surface() if hasattr(extra, "engine_surface") else EngineSurface(), extra]
+            chosen = [extra.engine_surface(), extra]
         setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
                            chosen)
         runs = run_bench(setup, prompts, encoded, stderr_log)

@@ -39,6 +39,14 @@ class Surface(Protocol):
         ...
 
 
+class ComparedSurface(Surface, Protocol):
+    """A surface other than the bare engine (``--surface``), which brings the bare engine it is compared with: the
+    window's decodes on the app's engine thread, so its reference must too (app.worker)."""
+
+    def engine_surface(self) -> Surface:
+        ...
+
+
 class EngineSurface:
     """The bare engine, as a script would call it."""
 
