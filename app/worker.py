@@ -9,10 +9,14 @@ process per layout, 6 runs each, tools/thread_layouts.py): load and decode on on
 decode on a second thread 12.1, on a fresh thread per run 11.85.
 
 A job pushes immutable items (StepEvents and other frozen data) into a buffer; the GUI thread
-drains the buffer with a timer at ``FRAME_HZ`` and emits them as one ``frame``. So however fast steps come, the views
-do a bounded amount of work per second, and no item is lost: every frame holds all the items pushed since the last
-one, in order. On a 2-core machine this matters twice over: any CPU the GUI takes is taken from the decode's
-threads, and Python work on the GUI thread holds the GIL the decode's own Python needs between llama.cpp calls.
+drains the buffer with a timer, at most ``FRAME_HZ`` times a second, and emits them as one ``frame``. So however fast
+steps come, the views do a bounded amount of work per second, and no item is lost: every frame holds all the items
+pushed since the last one, in order. On a 2-core machine this matters twice over: any CPU the GUI takes is taken from
+the decode's threads, and Python work on the GUI thread holds the GIL the decode's own Python needs between
+llama.cpp calls. So the frames are also paced by what they cost: the GUI thread's own CPU clock says how much it
+worked since the last frame (rendering, layout, painting, everything), and the next frame waits until that is at most
+``GUI_SHARE`` of a core (``frame_interval``). A fast machine streams at FRAME_HZ; a slow one at fewer frames, each
+carrying more text, rather than a slower decode.
 
 Cancellation is a threading.Event the job passes to the engine, which checks it between prefill chunks and steps.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QObject, Qt, QThread, QTimer, Signal
@@ -33,6 +38,11 @@ log = logging.getLogger(__name__)
 # each chat update (render the open block, lay out, paint) costs ~4 ms of GUI CPU, which the decode pays for;
 # measured GUI CPU per second of decoding, default pair, Baseline: 7.4% at 10 Hz, 4.5% at 5 Hz
 FRAME_HZ = 5
+# while a job streams, the GUI thread takes at most this share of a core (beyond that, frames are spaced out), and a
+# frame still comes at least every MAX_FRAME_S. Measured on two cores, default pair, Baseline: one chat frame (render
+# the open block, lay out, paint) takes ~9 ms of GUI CPU, so 3% paces it at ~3 frames a second
+GUI_SHARE = 0.03
+MAX_FRAME_S = 0.5
 EXPECTED = (BackendError, ValueError, OSError, MemoryError)
 Push = Callable[[Any], None]
 Job = Callable[[Push, threading.Event], Any]   # job(push, cancel) -> result
@@ -86,6 +96,12 @@ class _Runner(QObject):
             self.ended.set()
 
 
+def frame_interval(gui_cpu_s: float, min_s: float) -> float:
+    """Seconds to the next frame when the GUI thread worked ``gui_cpu_s`` of CPU since the last one: long enough
+    that this work is GUI_SHARE of the time, but within [min_s, MAX_FRAME_S]."""
+    return min(MAX_FRAME_S, max(min_s, gui_cpu_s / GUI_SHARE))
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return "Out of memory: close other programs, use a smaller model pair or a shorter context, and try again."
@@ -95,7 +111,7 @@ def _describe(exc: BaseException) -> str:
 
 class EngineRun(QObject):
     """One job on the engine thread, seen from the GUI thread: ``frame`` (a tuple of new items, at most FRAME_HZ times a
-    second), then ``finished`` (the job's result) or ``failed`` (a message). Nothing is emitted after ``cancel``
+    second, fewer when frames cost the GUI more than GUI_SHARE of a core), then ``finished`` (the job's result) or ``failed`` (a message). Nothing is emitted after ``cancel``
     except the end itself."""
 
     frame = Signal(tuple)
@@ -115,21 +131,27 @@ class EngineRun(QObject):
         self._go.connect(self._runner.run, queued)
         self._runner.done.connect(self._on_done, queued)
         self._runner.failed.connect(self._on_failed, queued)
+        self._min_interval = 1 / frame_hz
+        self._started = False
+        self._ending = False
+        self._gui_cpu = 0.0      # the GUI thread's CPU clock at the last frame
         self._timer = QTimer(self)
-        self._timer.setInterval(max(1, int(1000 / frame_hz)))
-        self._timer.timeout.connect(self._drain)
+        self._timer.setSingleShot(True)
+        self._timer.timeout.connect(self._frame)
 
     @property
     def running(self) -> bool:
         """Started (or queued behind another job) and not yet ended."""
-        return self._timer.isActive() and not self._runner.ended.is_set()
+        return self._started and not self._ending and not self._runner.ended.is_set()
 
     def _push(self, item) -> None:
         with self._lock:
             self._items.append(item)
 
     def start(self) -> None:
-        self._timer.start()
+        self._started = True
+        self._gui_cpu = time.thread_time()
+        self._timer.start(int(self._min_interval * 1000))
         self._go.emit()
 
     def cancel(self) -> None:
@@ -138,9 +160,17 @@ class EngineRun(QObject):
 
     def wait(self, timeout_ms: int = -1) -> bool:
         """Block until the job has ended (True) or ``timeout_ms`` passed (False); a job never started has ended."""
-        if not self._timer.isActive():
+        if not self._started:
             return True
         return self._runner.ended.wait(timeout_ms / 1000 if timeout_ms >= 0 else None)
+
+    def _frame(self) -> None:
+        self._drain()
+        if self._ending:   # a view's slot ran an event loop that delivered the end
+            return
+        now = time.thread_time()   # the GUI thread's CPU: this frame's work and all it did since the last one
+        self._timer.start(round(frame_interval(now - self._gui_cpu, self._min_interval) * 1000))
+        self._gui_cpu = now
 
     def _drain(self) -> None:
         with self._lock:
@@ -150,6 +180,7 @@ class EngineRun(QObject):
 
     def _end(self) -> None:
         self._runner.ended.wait()    # its result is emitted last: the job is over but for returning
+        self._ending = True
         self._timer.stop()
         self._drain()
 

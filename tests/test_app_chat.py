@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 
 from app.chat.origins import DRAFT, origin_codes
 from app.main import HISTORY_FILE
-from app.worker import FRAME_HZ, EngineRun
+from app.worker import FRAME_HZ, GUI_SHARE, MAX_FRAME_S, EngineRun, frame_interval
 from core.events import StopReason
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -76,6 +76,44 @@ def test_frames_come_at_most_at_frame_rate_however_fast_steps_are(qtbot):
     assert [i for frame in frames for i in frame] == list(range(20_000))   # nothing lost, nothing reordered
     assert len(frames) <= elapsed * FRAME_HZ + 2
     assert done == ["end"]
+
+
+def test_a_frame_waits_until_the_gui_work_since_the_last_one_is_its_share_of_a_core():
+    fastest = 1 / FRAME_HZ
+    assert frame_interval(0.0, fastest) == fastest                           # cheap frames: the frame rate
+    assert frame_interval(GUI_SHARE * 0.3, fastest) == pytest.approx(0.3)    # 3x its share later
+    assert frame_interval(1.0, fastest) == MAX_FRAME_S                      # never less than twice a second
+
+
+def test_frames_that_cost_the_gui_more_than_its_share_come_less_often(qtbot):
+    # each frame's view work takes 20 ms of GUI CPU: 5 frames a second would be 10% of a core, the pacing allows 3%
+    frames, done, enough = [], [], threading.Event()
+
+    def costly_view(items):
+        frames.append(items)
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        if len(frames) >= 6:
+            enough.set()
+
+    def job(push, cancel):
+        i = 0
+        while not enough.is_set():
+            push(i)
+            i += 1
+            enough.wait(0.001)
+        return i
+
+    run = EngineRun(job)
+    run.frame.connect(costly_view)
+    run.finished.connect(done.append)
+    start = time.perf_counter()
+    run.start()
+    qtbot.waitUntil(lambda: bool(done), timeout=TIMEOUT)
+    elapsed = time.perf_counter() - start
+    assert [i for frame in frames for i in frame] == list(range(done[0]))   # nothing lost
+    assert len(frames) <= elapsed / MAX_FRAME_S + 2                        # at 5 a second it would be 6 in 1.2 s
 
 
 def test_every_job_runs_on_one_engine_thread_one_after_another(qtbot):

@@ -141,22 +141,6 @@ def test_the_view_follows_a_streaming_answer_only_from_the_end(view, qtbot):
     assert bar.value() == held < bar.maximum()
 
 
-def test_slow_updates_are_spaced_and_show_the_latest_text(view, qtbot, monkeypatch):
-    monkeypatch.setattr(transcript_module, "STREAM_FREE_S", 0.0)    # every update counts as slow...
-    monkeypatch.setattr(transcript_module, "STREAM_SHARE", 0.02)    # ...and waits 50 times its cost
-    view.set_messages([Message("user", "hi")])
-    live_answer = Message("assistant", "", complete=False)
-    view.append(live_answer)
-    live_answer.content = "first"
-    view.stream(live_answer)
-    assert view.rendered_text(1) == "first"
-    for word in ("second", "third"):
-        live_answer = Message("assistant", f"first {word}", complete=False)
-        view.stream(live_answer)
-    assert view.rendered_text(1) == "first"  # waiting for its turn
-    qtbot.waitUntil(lambda: view.rendered_text(1) == "first third")
-
-
 def test_remove_from_drops_the_messages_and_their_cards(view):
     view.set_messages(chat(6))
     assert view.card(5).regenerate_button.isVisibleTo(view.card(5))

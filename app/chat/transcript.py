@@ -9,12 +9,11 @@ card wherever the view is, so streaming never renders more than the answer's ope
 """
 from __future__ import annotations
 
-import time
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import Sequence
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QAbstractScrollArea, QFrame, QLabel, QWidget
 
 from app.chat.history import Message
@@ -28,8 +27,6 @@ MARGIN_X, MARGIN_Y, SPACING = 18, 14, 10
 FOLLOW_SLACK = 8           # this close to the end (pixels) counts as at the end: the view follows the answer
 SCROLL_STEP = 40
 SETTLE_ROUNDS = 4          # measuring new cards moves the view's contents; a few rounds find the cards it then needs
-STREAM_SHARE = 0.03        # rendering a streaming answer takes at most this share of a core (on a 2-core machine
-STREAM_FREE_S = 0.001      # the decode pays for every GUI millisecond) once one update costs more than this
 EMPTY_HINT = ("Ask anything. Enter sends, Shift+Enter adds a line.\n"
               "Accepted draft tokens are highlighted as the answer streams.")
 
@@ -60,11 +57,6 @@ class TranscriptView(QAbstractScrollArea):
         self._adjusting = False             # scroll changes made here are not the user's
         self._again = False                 # a change came in while adjusting
         self._width = 0                     # the card width the heights are for
-        self._pending: Message | None = None  # a streamed update waiting for its turn (STREAM_SHARE)
-        self._next_render = 0.0             # perf_counter time before which a streamed update waits
-        self._render_timer = QTimer(self)
-        self._render_timer.setSingleShot(True)
-        self._render_timer.timeout.connect(self._render_pending)
         self._hint = QLabel(EMPTY_HINT, self.viewport())
         self._hint.setObjectName("EmptyHint")
         self._hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -79,7 +71,6 @@ class TranscriptView(QAbstractScrollArea):
     # ------------------------------------------------------------------ the API the chat window uses
     def set_messages(self, messages: Sequence[Message]) -> None:
         """Show a conversation (in place of what is shown), scrolled to the end."""
-        self._cancel_pending()
         self._drop_cards(0)
         self._messages = list(messages)
         self._streaming = None
@@ -104,26 +95,16 @@ class TranscriptView(QAbstractScrollArea):
     def stream(self, message: Message) -> None:
         """The last message (the answer being generated) grew: render its open block again.
 
-        Call it at most at frame rate. An update that cost more than STREAM_FREE_S delays the next one, so that
-        streaming takes at most STREAM_SHARE of the GUI thread; a delayed update shows the latest text.
+        Call it at most at frame rate (app.worker paces the frames by what they cost the GUI thread).
         """
-        self._pending = message
-        if self._render_timer.isActive():
-            return
-        wait = self._next_render - time.perf_counter()
-        if wait > 0:
-            self._render_timer.start(int(wait * 1000) + 1)
-        else:
-            self._render_pending()
+        self._update_last(message, streaming=True)
 
     def finish(self, message: Message) -> None:
         """The last answer ended: its final rendering and stats."""
-        self._cancel_pending()
         self._update_last(message, streaming=False)
 
     def remove_from(self, index: int) -> None:
         """Drop messages ``index``.. (edit and regenerate)."""
-        self._cancel_pending()
         self._drop_cards(index)
         del self._messages[index:]
         del self._heights[index:]
@@ -186,20 +167,6 @@ class TranscriptView(QAbstractScrollArea):
         return rendering.document
 
     # ------------------------------------------------------------------ cards
-    def _render_pending(self) -> None:
-        message, self._pending = self._pending, None
-        if message is None:
-            return
-        start = time.perf_counter()
-        self._update_last(message, streaming=True)
-        cost = time.perf_counter() - start
-        self._next_render = start + cost / STREAM_SHARE if cost > STREAM_FREE_S else 0.0
-
-    def _cancel_pending(self) -> None:
-        self._render_timer.stop()
-        self._pending = None
-        self._next_render = 0.0
-
     def _update_last(self, message: Message, streaming: bool) -> None:
         index = len(self._messages) - 1
         self._messages[index] = message
