@@ -11,9 +11,9 @@ decode on a second thread 12.1, on a fresh thread per run 11.85.
 A job pushes immutable items (StepEvents and other frozen data) into a buffer; the GUI thread
 drains the buffer with a timer, at most ``FRAME_HZ`` times a second, and emits them as one ``frame``. So however fast
 steps come, the views do a bounded amount of work per second, and no item is lost: every frame holds all the items
-pushed since the last one, in order. On a 2-core machine this matters twice over: any CPU the GUI takes is taken from
-the decode's threads, and Python work on the GUI thread holds the GIL the decode's own Python needs between
-llama.cpp calls. So the frames are also paced by what they cost: the GUI thread's own CPU clock says how much it
+pushed since the last one, in order. On a 2-core machine any CPU the GUI takes is taken from the decode's threads
+(measured: it is the CPU, not the GIL; pure Python beside a decode cost it no more than C code that releases the
+GIL). So the frames are also paced by what they cost: the GUI thread's own CPU clock says how much it
 worked since the last frame (rendering, layout, painting, everything), and the next frame waits until that is at most
 ``GUI_SHARE`` of a core (``frame_interval``). A fast machine streams at FRAME_HZ; a slow one at fewer frames, each
 carrying more text, rather than a slower decode.
@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 # measured GUI CPU per second of decoding, default pair, Baseline: 7.4% at 10 Hz, 4.5% at 5 Hz
 FRAME_HZ = 5
 # while a job streams, the GUI thread takes at most this share of a core (beyond that, frames are spaced out), and a
-# frame still comes at least every MAX_FRAME_S. Measured on two cores, default pair, Baseline: one chat frame (render
-# the open block, lay out, paint) takes ~9 ms of GUI CPU, so 3% paces it at ~3 frames a second
+# frame still comes at least every MAX_FRAME_S. Measured on two cores, default pair, Baseline: the GUI's work per
+# chat frame, with the live panel's draws and all else it did between frames, is ~9 ms, so 3% paces it at ~3 a second
 GUI_SHARE = 0.03
 MAX_FRAME_S = 0.5
 EXPECTED = (BackendError, ValueError, OSError, MemoryError)
@@ -111,8 +111,8 @@ def _describe(exc: BaseException) -> str:
 
 class EngineRun(QObject):
     """One job on the engine thread, seen from the GUI thread: ``frame`` (a tuple of new items, at most FRAME_HZ times a
-    second, fewer when frames cost the GUI more than GUI_SHARE of a core), then ``finished`` (the job's result) or ``failed`` (a message). Nothing is emitted after ``cancel``
-    except the end itself."""
+    second, fewer when frames cost the GUI more than GUI_SHARE of a core), then ``finished`` (the job's result) or
+    ``failed`` (a message). Nothing is emitted after ``cancel`` except the end itself."""
 
     frame = Signal(tuple)
     finished = Signal(object)
