@@ -132,6 +132,29 @@ def test_step_costs_follow_the_median_of_measured_steps() -> None:
     assert costs.samples("plain") == 0
 
 
+def test_an_option_not_yet_measured_stands_to_plain_as_the_plan_says() -> None:
+    costs = StepCosts()
+    for _ in range(MIN_SAMPLES):
+        costs.observe("plain", 0.077, 0.046)            # the machine runs faster than when the plan was timed
+    assert costs.factor("memory") == costs.factor("plain") == pytest.approx(0.046 / 0.077)
+    for _ in range(MIN_SAMPLES):
+        costs.observe("memory", 0.15, 0.12)
+    assert costs.factor("memory") == pytest.approx(0.8)  # then its own steps
+
+
+def test_memory_is_drafted_when_the_machine_runs_faster_than_its_plan(tmp_path) -> None:
+    # a plan timed on a slower machine: every step takes 60% of what it says. Plain is measured at 0.6 at once;
+    # memory, judged by the plan's cost alone, would look 1.7x dearer than plain and never be tried
+    target, _ = tiny_draft_pair(vocab=24, seed=7)
+    plan = make_plan(target, None, {1: 1.0, 2: 1.2, 16: 2.0})
+    clock = StepClock({"plain": 0.6, "memory": 0.6 * 1.2, "tree": 0.6})
+    auto = clock.auto = Auto(plan, memory=open_memory("t", tmp_path), clock=clock)
+    prompt = [1, 2, 3]                                # no match at first: plain's steps are measured before any
+    result, _ = run(target, None, auto, prompt=prompt, tokens=40)
+    assert result.tokens == baseline(target, prompt, 40).tokens
+    assert auto.last_drafter.counts["memory"] > 0
+
+
 def test_a_few_rejections_stop_memory_for_this_prompt() -> None:
     stats = MemoryStats()
     rates = PromptRates(stats)

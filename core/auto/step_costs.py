@@ -8,9 +8,12 @@ a few percent of its timing, so a tree predicted at 1.11x ran slower than plain 
 
 So each option's predicted cost is scaled by the median ratio of its recent measured steps to their predictions
 (the median: one step stalled by the system, or a draft catching up on tokens it skipped, must not flip the choice).
-An option with fewer than ``MIN_SAMPLES`` steps keeps the plan's cost. Borrowing another option's ratio instead
-would carry that option's own overhead over; keeping the plan's is self-correcting: if the whole machine slowed down,
-the option first measured looks dear, the other one is taken, and once both are measured they compare like for like.
+An option with fewer than ``MIN_SAMPLES`` steps is assumed to stand to plain decoding as the plan says: it takes
+plain's ratio (``REFERENCE``), which carries how fast the machine runs now against when the plan was measured. Keeping
+the plan's own cost instead is not self-correcting when the machine got faster: plain, measured, looks cheap; the
+other options, unmeasured, look dear by the same factor and are never taken, so never measured. (Seen: a plan timed
+at 77 ms per token on a busy machine, plain steps then at 46 ms, and memory matches of 10-20 copied tokens predicted
+at 0.7-0.9x, never drafted.) Once an option has its own steps, its own ratio takes over, overhead included.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from statistics import median
 
 WINDOW = 16         # steps of each option remembered: the cost follows the machine, not one prompt's start
 MIN_SAMPLES = 3
+REFERENCE = "plain"
 
 
 class StepCosts:
@@ -38,7 +42,9 @@ class StepCosts:
     def factor(self, option: str) -> float:
         """What to multiply the plan's cost of ``option`` by."""
         own = self._ratios.get(option, ())
-        return median(own) if len(own) >= MIN_SAMPLES else 1.0
+        if len(own) >= MIN_SAMPLES:
+            return median(own)
+        return self.factor(REFERENCE) if option != REFERENCE else 1.0
 
     def samples(self, option: str) -> int:
         return len(self._ratios.get(option, ()))
