@@ -141,6 +141,22 @@ def test_bench_names_bad_input_before_running(tmp_path, prompt_file, capsys) -> 
     assert "llama.cpp" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("amx", [True, False])
+def test_native_loads_without_repacked_buffers_on_amx_cpus(monkeypatch, amx) -> None:
+    # llama.cpp's AMX buffers crash every decode there; Llama() has no argument for them
+    import llama_cpp.llama_cpp as lib
+
+    import core.backends.llamacpp as llamacpp_backend
+    from core.bench.runners import _plain_buffers_on_amx
+
+    monkeypatch.setattr(llamacpp_backend, "has_amx", lambda: amx)
+    default = lib.llama_model_default_params
+    with _plain_buffers_on_amx():
+        assert lib.llama_model_default_params().use_extra_bufts is (not amx)
+    assert lib.llama_model_default_params is default
+    assert lib.llama_model_default_params().use_extra_bufts
+
+
 def test_bundled_prompt_sets() -> None:
     for name in bench.DEFAULT_PROMPTS:
         rows = bench.read_prompts(bench.PROMPT_DIR / name)

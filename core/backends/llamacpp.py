@@ -68,7 +68,7 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _has_amx() -> bool:
+def has_amx() -> bool:
     """Whether the CPU has Intel AMX. ggml repacks weights for AMX and then crashes in ggml_backend_amx_mul_mat on
     quantized models (llama.cpp issue #20824, seen on this project's machines), so such CPUs get plain buffers."""
     try:
@@ -137,7 +137,7 @@ class LlamaCppBackend:
 
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = -1 if gpu else 0
-        mparams.use_extra_bufts = not _has_amx()
+        mparams.use_extra_bufts = not has_amx()
         _LOG_LINES.clear()
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:

@@ -10,6 +10,7 @@ Each returns the same timings as the engine: the time to the first token and to 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from core.bench.modes import BenchError
@@ -34,9 +35,10 @@ class NativeRunner:
         import llama_cpp
 
         self.eos = target.eos_ids
-        self.llm = llama_cpp.Llama(str(target.path), n_ctx=target.context_length, n_threads=target.n_threads,
-                                   n_threads_batch=target.n_threads, n_gpu_layers=-1 if target.device == "gpu" else 0,
-                                   verbose=False)
+        with _plain_buffers_on_amx():
+            self.llm = llama_cpp.Llama(str(target.path), n_ctx=target.context_length, n_threads=target.n_threads,
+                                       n_threads_batch=target.n_threads,
+                                       n_gpu_layers=-1 if target.device == "gpu" else 0, verbose=False)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> RunnerResult:
         if sampling.seed is not None:
@@ -56,6 +58,34 @@ class NativeRunner:
 
     def close(self) -> None:
         self.llm.close()
+
+
+@contextmanager
+def _plain_buffers_on_amx():
+    """Load ``Llama`` without ggml's repacked weight buffers on a CPU with AMX, as the llama.cpp backend does.
+
+    With them, every decode of a quantized model dies of an illegal instruction on such CPUs (llama.cpp issue #20824;
+    seen on this project's Xeon machines), so the reference would never run. ``Llama`` takes no argument for it, so
+    its default model parameters are adjusted while it loads; buffers change where weights live, not what is computed.
+    """
+    from core.backends.llamacpp import has_amx
+    import llama_cpp.llama_cpp as lib
+
+    if not has_amx():
+        yield
+        return
+    default = lib.llama_model_default_params
+
+    def plain():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = plain
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default
 
 
 class HFAssisted:
