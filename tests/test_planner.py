@@ -168,6 +168,23 @@ def test_a_few_rejections_stop_memory_for_this_prompt() -> None:
     assert rates.factor(12) > 1.0
 
 
+def test_what_shorter_matches_show_is_a_floor_for_longer_ones() -> None:
+    unrelated = PromptRates(MemoryStats())
+    for _ in range(10):
+        unrelated.observe(1, True)          # one matching token is no sign of copying ...
+        unrelated.observe(3, False)         # ... and misses at shorter lengths lower nothing longer
+    assert unrelated.factor(12) == pytest.approx(1.0)
+    copying = PromptRates(MemoryStats())
+    for _ in range(20):
+        copying.observe(3, True)            # a prompt that copies: right at 3-token matches
+    raised = (20 / (20 + PromptRates.PRIOR_WEIGHT)) / MemoryStats().rate(12)
+    assert copying.factor(12) == pytest.approx(raised) and raised > 1.0
+    for _ in range(3):
+        copying.observe(12, False)          # its own misses no longer stop long matches here
+    assert copying.factor(12) == pytest.approx(raised)
+    assert copying.factor(2) == pytest.approx(1.0)   # nothing shorter than 2 tokens carries a floor
+
+
 def test_the_gate_is_the_measured_noise() -> None:
     target, _ = tiny_draft_pair(vocab=24, seed=7)
     # memory on this repetitive text predicts about 1.2x at these costs: taken with no noise, refused with 30%
