@@ -133,7 +133,6 @@ class EngineRun(QObject):
         self._runner.failed.connect(self._on_failed, queued)
         self._min_interval = 1 / frame_hz
         self._started = False
-        self._ending = False
         self._gui_cpu = 0.0      # the GUI thread's CPU clock at the last frame
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
@@ -142,7 +141,7 @@ class EngineRun(QObject):
     @property
     def running(self) -> bool:
         """Started (or queued behind another job) and not yet ended."""
-        return self._started and not self._ending and not self._runner.ended.is_set()
+        return self._started and not self._runner.ended.is_set()
 
     def _push(self, item) -> None:
         with self._lock:
@@ -166,8 +165,8 @@ class EngineRun(QObject):
 
     def _frame(self) -> None:
         self._drain()
-        if self._ending:   # a view's slot ran an event loop that delivered the end
-            return
+        if self._runner.ended.is_set():   # no next frame: _end drains what is left (a view's event loop may
+            return                        # already have run it)
         now = time.thread_time()   # the GUI thread's CPU: this frame's work and all it did since the last one
         self._timer.start(round(frame_interval(now - self._gui_cpu, self._min_interval) * 1000))
         self._gui_cpu = now
@@ -180,7 +179,6 @@ class EngineRun(QObject):
 
     def _end(self) -> None:
         self._runner.ended.wait()    # its result is emitted last: the job is over but for returning
-        self._ending = True
         self._timer.stop()
         self._drain()
 
