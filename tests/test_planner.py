@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import core.auto.calibrate as calibrate
 from core.auto import Auto, Plan, plan_key
@@ -21,6 +22,7 @@ from core.sampling import SamplingParams
 from core.sequoia import solve
 from core.tree import Proposal, TokenTree
 from core.verify import Verdict
+from tests.table_backend import TableBackend
 from tests.tiny_models import tiny_draft_pair
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -99,6 +101,30 @@ class StepClock:
         return self.now
 
 
+def cycle_table(vocab: int, period: int):
+    """A target that, after token ``t``, almost surely says ``(t + 1) % period``."""
+    def table(ctx: tuple) -> torch.Tensor:
+        p = torch.full((vocab,), 0.01 / (vocab - 1), dtype=torch.float64)
+        p[(ctx[-1] + 1) % period] = 0.99
+        return p
+    return table
+
+
+class WidthClock(StepClock):
+    """A clock whose memory steps cost ``narrow`` when they verify two tokens and ``wide`` when more."""
+
+    def __init__(self, plain: float, narrow: float, wide: float) -> None:
+        super().__init__({"plain": plain, "tree": plain})
+        self.narrow, self.wide = narrow, wide
+
+    def __call__(self) -> float:
+        drafter = self.auto.last_drafter
+        if drafter is not None and drafter.choice == "memory":
+            self.now += self.narrow if drafter.width <= 2 else self.wide
+            return self.now
+        return super().__call__()
+
+
 @pytest.mark.parametrize("tree_seconds, drops_tree", [(1.05, False), (8.0, True)])
 def test_a_tree_that_costs_more_than_planned_gives_way_to_plain(tree_seconds, drops_tree) -> None:
     target, draft = tiny_draft_pair(vocab=24, seed=7, noise=0.05)
@@ -140,6 +166,37 @@ def test_an_option_not_yet_measured_stands_to_plain_as_the_plan_says() -> None:
     for _ in range(MIN_SAMPLES):
         costs.observe("memory", 0.15, 0.12)
     assert costs.factor("memory") == pytest.approx(0.8)  # then its own steps
+
+
+def test_wide_steps_are_costed_by_their_own_width() -> None:
+    costs = StepCosts()
+    for _ in range(MIN_SAMPLES):
+        costs.observe("plain", 0.10, 0.11)
+        costs.observe("memory", 0.30, 0.45, width=16)
+    assert costs.factor("memory", 16) == costs.factor("memory", 12) == pytest.approx(1.5)   # one class from 9 up
+    assert costs.factor("memory", 2) == pytest.approx(1.1)      # narrower, unmeasured: plain's, not the wide ones'
+    for _ in range(MIN_SAMPLES):
+        costs.observe("memory", 0.12, 0.15, width=3)
+    assert costs.factor("memory", 4) == pytest.approx(1.25)
+    assert costs.factor("memory", 6) == pytest.approx(1.25)     # 5-8 unmeasured: the nearest narrower class
+    assert costs.factor("memory", 2) == pytest.approx(1.1)
+    assert costs.factor("memory") == pytest.approx((1.25 + 1.5) / 2) and costs.samples("memory") == 2 * MIN_SAMPLES
+
+
+def test_memory_drafts_narrow_when_wide_ones_cost_more_than_planned(tmp_path) -> None:
+    # the plan says a 16-token verification costs two plain steps; here every verification of more than two tokens
+    # costs six. Auto drafts wide at first, then only what its measured widths pay for
+    target = TableBackend(cycle_table(vocab=24, period=7), 24)     # its text repeats: memory matches every step
+    plan = make_plan(target, None, {1: 1.0, 2: 1.1, 16: 2.0})
+    clock = WidthClock(plain=1.0, narrow=1.1, wide=6.0)
+    auto = clock.auto = Auto(plan, memory=open_memory("t", tmp_path), clock=clock)
+    prompt = [1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3]
+    result, events = run(target, None, auto, prompt=prompt, tokens=60)
+    assert result.tokens == baseline(target, prompt, 60).tokens
+    widths = [len(e.nodes) + 1 for e in events if e.nodes]
+    assert max(widths) > 2 and widths.count(2) > 0
+    wide = [i for i, w in enumerate(widths) if w > 2]
+    assert len(wide) <= 2 * MIN_SAMPLES and wide[-1] < len(widths) - 1   # the last drafts are narrow ones
 
 
 def test_memory_is_drafted_when_the_machine_runs_faster_than_its_plan(tmp_path) -> None:

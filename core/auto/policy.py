@@ -10,8 +10,9 @@ Each option is scored in predicted tokens per second from the evidence at hand:
 * the draft model's Sequoia tree: ``c(n, d)`` from the acceptance tracked online, cost the measured draft and verify
   times of that shape.
 
-Each cost is the plan's, scaled by what that option's steps have really cost in this decode (core.auto.step_costs):
-the plan times each forward alone, and a draft-model step interleaved with the target's costs more than that.
+Each cost is the plan's, scaled by what that option's steps (for memory, of that width) have really cost in this
+decode (core.auto.step_costs): the plan times each forward alone, and a draft-model step interleaved with the
+target's, or a wide verification deep into a decode, costs more than that.
 
 Every option pays the memory lookup (timed each step). An option other than plain is taken only when it beats plain
 decoding by the plan's gate (the machine's measured timing noise, at least 3 %): a gain smaller than the noise is a
@@ -59,10 +60,11 @@ class AutoDrafter(DrafterBase):
         self.on_replan = on_replan
         self.costs = costs if costs is not None else StepCosts()
         self.clock = clock
-        self._step: tuple[str, float, float] | None = None   # the last step's option, planned cost and start
+        self._step: tuple | None = None   # the last step's option, planned cost, start and memory's width
         self.rates = PromptRates(memory.stats)
         self.note = ""
         self.choice = "plain"
+        self.width = 1          # tokens the last step's choice verifies
         self.counts = {"plain": 0, "memory": 0, "tree": 0}
         self.predicted_tokens = 0.0
         self.predicted_seconds = 0.0
@@ -108,13 +110,14 @@ class AutoDrafter(DrafterBase):
         if self.model is not None:
             shape = self.tree_plan.parents
             options["tree"] = (tree_value(shape, self.tracker.vector()), lat.tree_cost(shape) + lookup)
-        factor = {name: self.costs.factor(name) for name in options}   # each a median: taken once per step
+        factor = {name: self.costs.factor(name, size + 1 if name == "memory" else None) for name in options}
         rate = {name: e / (c * factor[name]) for name, (e, c) in options.items()}
         choice = max(rate, key=rate.get)
         plain = rate["plain"]
         if rate[choice] < plain * (1.0 + self.plan.gate):
             choice = "plain"
         self.choice = choice
+        self.width = {"plain": 1, "memory": size + 1}.get(choice) or len(self.tree_plan.parents) + 1
         self.counts[choice] += 1
         self._back_off(choice == "memory", lookup)
         expected, cost = options[choice]
@@ -122,7 +125,7 @@ class AutoDrafter(DrafterBase):
         self.predicted_seconds += cost * factor[choice]
         self.plain_seconds += lat.plain * factor["plain"]
         if started is not None:
-            self._step = (choice, cost, started)
+            self._step = (choice, cost, started, self.width if choice == "memory" else None)
         self._shadow = (proposal, len(tokens)) if choice != "memory" and len(proposal.tree) else None
         self.shape = self.tree_plan.parents if choice == "tree" else None
         if choice == "memory":
@@ -144,8 +147,8 @@ class AutoDrafter(DrafterBase):
             return None
         now = self.clock()
         if self._step is not None:
-            option, planned, started = self._step
-            self.costs.observe(option, planned, now - started)
+            option, planned, started, width = self._step
+            self.costs.observe(option, planned, now - started, width)
         return now
 
     def _lookup(self, tokens: Sequence[int], max_nodes: int, max_depth: int) -> MemoryProposal:
@@ -170,7 +173,8 @@ class AutoDrafter(DrafterBase):
 
     def _memory_size(self, proposal: MemoryProposal) -> tuple[int, float]:
         """How many of the proposal's nodes (best first) to draft, and the tokens they are expected to give, with
-        the probabilities corrected by this prompt's own record."""
+        the probabilities corrected by this prompt's own record, and each width's cost by what its steps have
+        really cost (a wide verification runs further from its plan than a narrow one)."""
         lat = self.latencies
         tree = proposal.tree
         path: list[float] = []
@@ -181,7 +185,7 @@ class AutoDrafter(DrafterBase):
             parent = tree.parents[j]
             path.append(node * (path[parent] if parent >= 0 else 1.0))
             expected += path[-1]
-            rate = expected / lat.verify_cost(j + 2)
+            rate = expected / (lat.verify_cost(j + 2) * self.costs.factor("memory", j + 2))
             if rate > best_rate:
                 best_n, best_expected, best_rate = j + 1, expected, rate
         return best_n, best_expected

@@ -14,37 +14,57 @@ the plan's own cost instead is not self-correcting when the machine got faster: 
 other options, unmeasured, look dear by the same factor and are never taken, so never measured. (Seen: a plan timed
 at 77 ms per token on a busy machine, plain steps then at 46 ms, and memory matches of 10-20 copied tokens predicted
 at 0.7-0.9x, never drafted.) Once an option has its own steps, its own ratio takes over, overhead included.
+
+Memory drafts come in every size, and a wide verification runs further from its timing than a narrow one: the plan
+times each width alone on a short context (the fastest of five), while a decode verifies after hundreds of tokens,
+with the KV cache to roll back. Measured on a 2-core Xeon, an edit prompt's memory steps of 1-2 drafted tokens took
+1.2x their planned time and those of 15 took 1.5x, so with one ratio for all sizes a 15-token draft of a one-token
+match predicted at 1.1x lost about a fifth to plain decoding. So steps are also kept per width class
+(``WIDTH_STARTS``, in verified tokens). A class with fewer than ``MIN_SAMPLES`` steps takes the nearest narrower
+measured class's ratio (a wider verification runs no closer to its plan), else plain's: not the option's ratio over
+all widths, which after a few dear wide steps would price the narrow ones out before any was measured.
 """
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from statistics import median
 
 WINDOW = 16         # steps of each option remembered: the cost follows the machine, not one prompt's start
 MIN_SAMPLES = 3
 REFERENCE = "plain"
+WIDTH_STARTS = (1, 2, 3, 5, 9)   # verified tokens: 1, 2, 3-4, 5-8, 9+
 
 
 class StepCosts:
-    """Measured / predicted seconds per step, per option (``plain``, ``memory``, ``tree``)."""
+    """Measured / predicted seconds per step, per option (``plain``, ``memory``, ``tree``) and per width class."""
 
     def __init__(self, window: int = WINDOW) -> None:
         self.window = window
-        self._ratios: dict[str, deque[float]] = {}
+        self._ratios: dict[tuple[str, int | None], deque[float]] = {}
 
-    def observe(self, option: str, predicted: float, seconds: float) -> None:
-        """One step of ``option``, predicted to take ``predicted`` seconds, took ``seconds``."""
+    def observe(self, option: str, predicted: float, seconds: float, width: int | None = None) -> None:
+        """One step of ``option`` verifying ``width`` tokens, predicted to take ``predicted`` seconds, took
+        ``seconds``."""
         if predicted <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
-        self._ratios.setdefault(option, deque(maxlen=self.window)).append(seconds / predicted)
+        keys = [(option, None)] if width is None else [(option, None), (option, _width_class(width))]
+        for key in keys:
+            self._ratios.setdefault(key, deque(maxlen=self.window)).append(seconds / predicted)
 
-    def factor(self, option: str) -> float:
-        """What to multiply the plan's cost of ``option`` by."""
-        own = self._ratios.get(option, ())
-        if len(own) >= MIN_SAMPLES:
-            return median(own)
+    def factor(self, option: str, width: int | None = None) -> float:
+        """What to multiply the plan's cost of ``option`` (verifying ``width`` tokens, if given) by."""
+        keys = [(option, None)] if width is None else [(option, c) for c in range(_width_class(width), -1, -1)]
+        for key in keys:
+            own = self._ratios.get(key, ())
+            if len(own) >= MIN_SAMPLES:
+                return median(own)
         return self.factor(REFERENCE) if option != REFERENCE else 1.0
 
     def samples(self, option: str) -> int:
-        return len(self._ratios.get(option, ()))
+        return len(self._ratios.get((option, None), ()))
+
+
+def _width_class(width: int) -> int:
+    return bisect_right(WIDTH_STARTS, max(width, 1)) - 1
