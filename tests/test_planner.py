@@ -199,6 +199,42 @@ def test_memory_drafts_narrow_when_wide_ones_cost_more_than_planned(tmp_path) ->
     assert len(wide) <= 2 * MIN_SAMPLES and wide[-1] < len(widths) - 1   # the last drafts are narrow ones
 
 
+class BusyThenIdleClock(StepClock):
+    """Plain steps cost ``busy`` for the first ``busy_steps`` steps, then 1; a memory step verifying w tokens costs
+    ``per_token * w`` throughout (cheaper than plain per token while busy, dearer once idle)."""
+
+    def __init__(self, busy: float, busy_steps: int, per_token: float) -> None:
+        super().__init__({})
+        self.busy, self.busy_steps, self.per_token = busy, busy_steps, per_token
+
+    def __call__(self) -> float:
+        drafter = self.auto.last_drafter
+        if drafter is not None:
+            steps = sum(drafter.counts.values())
+            if drafter.choice == "memory":
+                self.now += self.per_token * drafter.width
+            else:
+                self.now += self.busy if steps <= self.busy_steps else 1.0
+        return self.now
+
+
+def test_plain_steps_are_re_timed_when_drafting_has_left_them_stale(tmp_path, monkeypatch) -> None:
+    # plain is timed while the machine is busy (3 s a token), memory then wins (2 s per verified token) and plain is
+    # not measured again; once idle, plain is 1 s a token. Its stale record would keep memory drafting for good
+    monkeypatch.setattr("core.auto.step_costs.STALE", 6)
+    target = TableBackend(cycle_table(vocab=24, period=7), 24)
+    plan = make_plan(target, None, {1: 1.0, 2: 1.1, 16: 2.0})
+    clock = BusyThenIdleClock(busy=3.0, busy_steps=10, per_token=2.0)
+    auto = clock.auto = Auto(plan, memory=open_memory("t", tmp_path), clock=clock)
+    prompt = [1, 2, 3]
+    result, events = run(target, None, auto, prompt=prompt, tokens=150)
+    assert result.tokens == baseline(target, prompt, 150).tokens
+    notes = [e.note for e in events]
+    retimed = [i for i, n in enumerate(notes) if "re-timing a plain step" in n]
+    assert retimed and any(n.startswith("memory: ") for n in notes[:retimed[0]])
+    assert all(n.startswith("plain decoding: ") for n in notes[-100:])    # re-timed, plain wins from there
+
+
 def test_memory_is_drafted_when_the_machine_runs_faster_than_its_plan(tmp_path) -> None:
     # a plan timed on a slower machine: every step takes 60% of what it says. Plain is measured at 0.6 at once;
     # memory, judged by the plan's cost alone, would look 1.7x dearer than plain and never be tried

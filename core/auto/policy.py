@@ -16,7 +16,8 @@ target's, or a wide verification deep into a decode, costs more than that.
 
 Every option pays the memory lookup (timed each step). An option other than plain is taken only when it beats plain
 decoding by the plan's gate (the machine's measured timing noise, at least 3 %): a gain smaller than the noise is a
-coin toss that costs a verification of several tokens when it loses.
+coin toss that costs a verification of several tokens when it loses. Plain decoding is the yardstick: when it has
+gone unmeasured for a while, one plain step re-times it (core.auto.step_costs).
 """
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ class AutoDrafter(DrafterBase):
         rate = {name: e / (c * factor[name]) for name, (e, c) in options.items()}
         choice = max(rate, key=rate.get)
         plain = rate["plain"]
-        if rate[choice] < plain * (1.0 + self.plan.gate):
+        retime = choice != "plain" and self.costs.stale("plain")
+        if retime or rate[choice] < plain * (1.0 + self.plan.gate):
             choice = "plain"
         self.choice = choice
         self.width = {"plain": 1, "memory": size + 1}.get(choice) or len(self.tree_plan.parents) + 1
@@ -138,7 +140,11 @@ class AutoDrafter(DrafterBase):
             self.note = (f"Sequoia tree of {len(shape)} nodes, depth {max(depths_of(shape))}: "
                          f"predicted {rate[choice] / plain:.2f}x")
             return self.model.draft(tokens, max_depth, max_nodes)
-        self.note = "plain decoding: " + self._why_plain(proposal, rate, plain, factor)
+        if retime:
+            self.note = (f"plain decoding: re-timing a plain step, the yardstick of the others (the last was "
+                         f"{self.costs.steps_since('plain')} steps ago)")
+        else:
+            self.note = "plain decoding: " + self._why_plain(proposal, rate, plain, factor)
         return TokenTree()
 
     def _time_last_step(self) -> float | None:

@@ -23,6 +23,12 @@ match predicted at 1.1x lost about a fifth to plain decoding. So steps are also 
 (``WIDTH_STARTS``, in verified tokens). A class with fewer than ``MIN_SAMPLES`` steps takes the nearest narrower
 measured class's ratio (a wider verification runs no closer to its plan), else plain's: not the option's ratio over
 all widths, which after a few dear wide steps would price the narrow ones out before any was measured.
+
+Plain's ratio is the yardstick of every other option, and it is only measured while plain steps are taken. Measured
+in a busy moment and then left alone while drafting won, it goes stale: seen on the Xeon, plain's ratio frozen at
+about 1.3x of the tree's kept the draft model's tree predicted at 1.3-1.45x for two hundred steps while it ran at
+0.92-0.98x of plain decoding. So once plain has gone ``STALE`` steps unmeasured the policy takes one plain step
+(:meth:`stale`), and that step starts plain's record afresh.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ WINDOW = 16         # steps of each option remembered: the cost follows the mach
 MIN_SAMPLES = 3
 REFERENCE = "plain"
 WIDTH_STARTS = (1, 2, 3, 5, 9)   # verified tokens: 1, 2, 3-4, 5-8, 9+
+STALE = 48          # steps after which plain's record says how the machine ran then, not now
 
 
 class StepCosts:
@@ -43,12 +50,18 @@ class StepCosts:
     def __init__(self, window: int = WINDOW) -> None:
         self.window = window
         self._ratios: dict[tuple[str, int | None], deque[float]] = {}
+        self._steps = 0
+        self._last: dict[str, int] = {}     # option -> the step it was last measured at
 
     def observe(self, option: str, predicted: float, seconds: float, width: int | None = None) -> None:
         """One step of ``option`` verifying ``width`` tokens, predicted to take ``predicted`` seconds, took
         ``seconds``."""
         if predicted <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
+        self._steps += 1
+        if option == REFERENCE and self.stale(REFERENCE):
+            self._ratios.pop((REFERENCE, None), None)
+        self._last[option] = self._steps
         keys = [(option, None)] if width is None else [(option, None), (option, _width_class(width))]
         for key in keys:
             self._ratios.setdefault(key, deque(maxlen=self.window)).append(seconds / predicted)
@@ -64,6 +77,15 @@ class StepCosts:
 
     def samples(self, option: str) -> int:
         return len(self._ratios.get((option, None), ()))
+
+    def steps_since(self, option: str) -> int | None:
+        """Steps measured since ``option`` last was (None: never)."""
+        return self._steps - self._last[option] if option in self._last else None
+
+    def stale(self, option: str) -> bool:
+        """Measured once, but not in the last ``STALE`` steps."""
+        since = self.steps_since(option)
+        return since is not None and since >= STALE
 
 
 def _width_class(width: int) -> int:
