@@ -26,8 +26,8 @@ all widths, which after a few dear wide steps would price the narrow ones out be
 
 Plain's ratio is the yardstick of every other option, and it is only measured while plain steps are taken. Measured
 in a busy moment and then left alone while drafting won, it goes stale: seen on the Xeon, plain's ratio frozen at
-about 1.3x of the tree's kept the draft model's tree predicted at 1.3-1.45x for two hundred steps while it ran at
-0.92-0.98x of plain decoding. So once plain has gone ``STALE`` steps unmeasured the policy takes one plain step
+about 1.3x of the tree's kept the draft model's tree predicted at 1.3-1.46x for about five hundred steps while it
+ran at 0.92-0.98x of plain decoding. So once plain has gone ``STALE`` steps unmeasured the policy takes one plain step
 (:meth:`stale`), and that step starts plain's record afresh.
 """
 from __future__ import annotations
