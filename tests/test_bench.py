@@ -142,16 +142,19 @@ def test_bench_names_bad_input_before_running(tmp_path, prompt_file, capsys) -> 
 
 
 @pytest.mark.parametrize("amx", [True, False])
-def test_native_loads_without_repacked_buffers_on_amx_cpus(monkeypatch, amx) -> None:
-    # llama.cpp's AMX buffers crash every decode there; Llama() has no argument for them
+def test_native_places_its_weights_as_the_backend_does(monkeypatch, tmp_path, amx) -> None:
+    # llama.cpp's AMX buffers crash every decode there; Llama() has no argument for weight placement
     import llama_cpp.llama_cpp as lib
 
-    import core.backends.llamacpp as llamacpp_backend
-    from core.bench.runners import _plain_buffers_on_amx
+    import core.backends.weight_buffers as buffers
+    from core.bench.runners import _backend_buffers
+    from tiny_gguf import write_tiny_gguf
 
-    monkeypatch.setattr(llamacpp_backend, "has_amx", lambda: amx)
+    monkeypatch.setattr(buffers, "has_amx", lambda: amx)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
     default = lib.llama_model_default_params
-    with _plain_buffers_on_amx():
+    with _backend_buffers(path, gpu=False) as placed:
+        assert placed == buffers.weight_buffers(path)
         assert lib.llama_model_default_params().use_extra_bufts is (not amx)
     assert lib.llama_model_default_params is default
     assert lib.llama_model_default_params().use_extra_bufts

@@ -24,6 +24,7 @@ from core.backends.base import (
     BackendError, LogitRows, ModelLoadError, Progress, check_fits, check_tree_call, plain_text_template,
     prefill_chunks, reusable_prefix, tokenizer_digest,
 )
+from core.backends.weight_buffers import weight_buffers
 from core.tree import TokenTree
 
 DEFAULT_CONTEXT = 4096
@@ -66,16 +67,6 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-def has_amx() -> bool:
-    """Whether the CPU has Intel AMX. ggml repacks weights for AMX and then crashes in ggml_backend_amx_mul_mat on
-    quantized models (llama.cpp issue #20824, seen on this project's machines), so such CPUs get plain buffers."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_int8" in line for line in f)
-    except OSError:
-        return False
 
 
 def check_gguf_file(path: str | Path) -> Path:
@@ -137,7 +128,8 @@ class LlamaCppBackend:
 
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = -1 if gpu else 0
-        mparams.use_extra_bufts = not has_amx()
+        self.weight_buffers = weight_buffers(path, gpu)
+        self.weight_buffers.apply(mparams)
         _LOG_LINES.clear()
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:

@@ -2,7 +2,7 @@
 
 * ``native``: llama-cpp-python's high-level ``Llama.generate`` loop with its own C sampler — what a Python user
   would otherwise write — on the target's GGUF, with the same context size and threads and llama-cpp-python's
-  default context settings.
+  default context settings, its weights placed as the backend places them.
 * ``hf-assisted``: transformers' own assisted generation (``generate(assistant_model=...)``) on the same pair.
 
 Each returns the same timings as the engine: the time to the first token and to the last.
@@ -35,7 +35,7 @@ class NativeRunner:
         import llama_cpp
 
         self.eos = target.eos_ids
-        with _plain_buffers_on_amx():
+        with _backend_buffers(target.path, target.device == "gpu"):
             self.llm = llama_cpp.Llama(str(target.path), n_ctx=target.context_length, n_threads=target.n_threads,
                                        n_threads_batch=target.n_threads,
                                        n_gpu_layers=-1 if target.device == "gpu" else 0, verbose=False)
@@ -61,29 +61,28 @@ class NativeRunner:
 
 
 @contextmanager
-def _plain_buffers_on_amx():
-    """Load ``Llama`` without ggml's repacked weight buffers on a CPU with AMX, as the llama.cpp backend does.
+def _backend_buffers(path, gpu: bool):
+    """Load ``Llama`` with the weight placement the llama.cpp backend uses (core.backends.weight_buffers).
 
-    With them, every decode of a quantized model dies of an illegal instruction on such CPUs (llama.cpp issue #20824;
-    seen on this project's Xeon machines), so the reference would never run. ``Llama`` takes no argument for it, so
-    its default model parameters are adjusted while it loads; buffers change where weights live, not what is computed.
+    With llama.cpp's default placement every decode of a quantized model dies of an illegal instruction on an AMX
+    CPU, so the reference would never run; and the reference should be as fast as the engine's own plain loop, so it
+    gets the same repacked weights. ``Llama`` takes no argument for either, so its default model parameters are
+    adjusted while it loads; buffers change where weights live and which kernels read them, not the model.
     """
-    from core.backends.llamacpp import has_amx
+    from core.backends.weight_buffers import weight_buffers
     import llama_cpp.llama_cpp as lib
 
-    if not has_amx():
-        yield
-        return
+    buffers = weight_buffers(path, gpu)
     default = lib.llama_model_default_params
 
-    def plain():
+    def placed():
         params = default()
-        params.use_extra_bufts = False
+        buffers.apply(params)
         return params
 
-    lib.llama_model_default_params = plain
+    lib.llama_model_default_params = placed
     try:
-        yield
+        yield buffers
     finally:
         lib.llama_model_default_params = default
 
