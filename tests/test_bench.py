@@ -150,14 +150,23 @@ def test_native_places_its_weights_as_the_backend_does(monkeypatch, tmp_path, am
     from core.bench.runners import _backend_buffers
     from tiny_gguf import write_tiny_gguf
 
+    from core.backends.llamacpp import LlamaCppBackend
+    from core.bench.runners import NativeRunner
+
     monkeypatch.setattr(buffers, "has_amx", lambda: amx)
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     default = lib.llama_model_default_params
-    with _backend_buffers(path, gpu=False) as placed:
-        assert placed == buffers.weight_buffers(path)
+    with _backend_buffers(buffers.weight_buffers(path)):
         assert lib.llama_model_default_params().use_extra_bufts is (not amx)
     assert lib.llama_model_default_params is default
     assert lib.llama_model_default_params().use_extra_bufts
+
+    target = LlamaCppBackend(path, n_ctx=128, n_threads=1)
+    applied = []
+    chosen = target.weight_buffers
+    monkeypatch.setattr(type(chosen), "apply", lambda self, params: applied.append(self))
+    NativeRunner(target).close()
+    assert applied and all(placement is chosen for placement in applied)   # the backend's own placement, not a second one
 
 
 def test_bundled_prompt_sets() -> None:

@@ -23,12 +23,9 @@ CONTEXT = 256
 def q4_file(tmp_path_factory):
     folder = tmp_path_factory.mktemp("q4")
     source = write_tiny_gguf(folder / "tiny.gguf", seed=0, hidden=128, heads=4, kv_heads=2)
-    original = quantize.cache_dir
-    quantize.cache_dir = lambda: folder / "cache"
-    try:
+    with pytest.MonkeyPatch.context() as patch:   # module scope: the function-scoped monkeypatch is not available
+        patch.setattr(quantize, "cache_dir", lambda: folder / "cache")
         return source, quantize.requantized(source, "Q4_0")
-    finally:
-        quantize.cache_dir = original
 
 
 @pytest.fixture

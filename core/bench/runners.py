@@ -35,7 +35,7 @@ class NativeRunner:
         import llama_cpp
 
         self.eos = target.eos_ids
-        with _backend_buffers(target.path, target.device == "gpu"):
+        with _backend_buffers(target.weight_buffers):
             self.llm = llama_cpp.Llama(str(target.path), n_ctx=target.context_length, n_threads=target.n_threads,
                                        n_threads_batch=target.n_threads,
                                        n_gpu_layers=-1 if target.device == "gpu" else 0, verbose=False)
@@ -61,18 +61,17 @@ class NativeRunner:
 
 
 @contextmanager
-def _backend_buffers(path, gpu: bool):
-    """Load ``Llama`` with the weight placement the llama.cpp backend uses (core.backends.weight_buffers).
+def _backend_buffers(buffers):
+    """Load ``Llama`` with ``buffers``, the weight placement the llama.cpp backend chose for the same file
+    (core.backends.weight_buffers).
 
     With llama.cpp's default placement every decode of a quantized model dies of an illegal instruction on an AMX
     CPU, so the reference would never run; and the reference should be as fast as the engine's own plain loop, so it
     gets the same repacked weights. ``Llama`` takes no argument for either, so its default model parameters are
     adjusted while it loads; buffers change where weights live and which kernels read them, not the model.
     """
-    from core.backends.weight_buffers import weight_buffers
     import llama_cpp.llama_cpp as lib
 
-    buffers = weight_buffers(path, gpu)
     default = lib.llama_model_default_params
 
     def placed():
@@ -82,7 +81,7 @@ def _backend_buffers(path, gpu: bool):
 
     lib.llama_model_default_params = placed
     try:
-        yield buffers
+        yield
     finally:
         lib.llama_model_default_params = default
 
