@@ -206,3 +206,13 @@ def test_theme_and_tint_apply_to_the_cards(view):
     assert load_theme("dark")["text"] in view.card(3).document.document.defaultStyleSheet()
     view.set_theme(load_theme("light"), color_origins=True)
     assert view.tinted_text(3) == view.tinted_text(1) != ""  # also the messages without a card
+
+
+def test_the_answer_line_shows_the_speed_the_window_shows() -> None:
+    # 363.1502 tok/s: rounded once it reads 363.2, rounded to three places first (363.15) it would read 363.1
+    from app.chat.stats import stats_record
+    from core.events import GenerationStats, StopReason
+
+    stats = GenerationStats(new_tokens=40, seconds=0.02 + 39 / 363.1502, time_to_first_token=0.02)
+    line = format_stats(stats_record(stats, "Chain(4)", StopReason.EOS))
+    assert line.startswith(f"{stats.tokens_per_second:.1f} tok/s") and line.startswith("363.2 tok/s")

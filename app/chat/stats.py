@@ -12,7 +12,9 @@ def stats_record(stats: GenerationStats, strategy: str, stop_reason: StopReason 
     return {
         "strategy": strategy,
         "tokens": stats.new_tokens,
-        "tokens_per_second": round(stats.tokens_per_second, 3),
+        # unrounded: the window's speed label formats the same figure, and a value rounded twice (363.1502 ->
+        # 363.15 -> "363.1") would show another speed under the answer than beside it
+        "tokens_per_second": stats.tokens_per_second,
         "time_to_first_token": None if stats.time_to_first_token is None else round(stats.time_to_first_token, 4),
         "seconds": round(stats.seconds, 4),
         "target_calls": stats.target_calls,
