@@ -17,24 +17,24 @@ ALPHA = 1e-3
 PROMPT = [3, 1, 4, 1, 5]
 
 
-def exact_joint(backend, params: SamplingParams) -> torch.Tensor:
+def exact_joint(backend, params: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
     model = backend.model
     with torch.no_grad():
-        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], params)
+        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)
         joint = torch.zeros((VOCAB, VOCAB), dtype=torch.float64)
         for a in range(VOCAB):
-            second = logits_to_probs(model(torch.tensor([PROMPT + [a]])).logits[0, -1], params)
+            second = logits_to_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], params)
             joint[a] = first[a] * second
     return joint
 
 
-def sampled_joint(target, draft, strategy, params: SamplingParams) -> torch.Tensor:
+def sampled_joint(target, draft, strategy, params: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
     counts = torch.zeros((VOCAB, VOCAB), dtype=torch.float64)
     for seed in range(N):
         engine = SpeculativeEngine(target, draft, strategy,
                                    SamplingParams(params.temperature, params.top_k, params.top_p, seed))
         out: list[int] = []
-        for event in engine.stream(PROMPT, max_new_tokens=4):
+        for event in engine.stream(prompt, max_new_tokens=4):
             out += event.tokens
             if len(out) >= 2:
                 break

@@ -53,7 +53,7 @@ def test_expensive_verification_means_plain_decoding_with_a_reason() -> None:
     assert result.tokens == baseline(target).tokens
     assert result.stats.drafted == 0
     assert all(e.note.startswith("plain decoding: ") for e in events)
-    assert "memory's match" in events[0].note and "draft model's best tree" in events[0].note
+    assert "memory (match of" in events[0].note and "draft model's best tree" in events[0].note
     assert events[0].plan is not None and all(e.plan is None for e in events[1:])   # the plan reaches the views once
 
 

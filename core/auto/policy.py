@@ -132,7 +132,7 @@ class AutoDrafter(DrafterBase):
         self.shape = self.tree_plan.parents if choice == "tree" else None
         if choice == "memory":
             tree = proposal.tree.truncated(max_nodes=size)
-            self.note = (f"memory: {size} of {len(proposal.tree)} nodes (match of {proposal.match} tokens), "
+            self.note = (f"memory: {size} of {len(proposal.tree)} nodes ({_what_matched(proposal)}), "
                          f"{expected:.2f} tokens expected, predicted {rate[choice] / plain:.2f}x")
             return tree
         if choice == "tree":
@@ -200,7 +200,7 @@ class AutoDrafter(DrafterBase):
                    factor: dict[str, float]) -> str:
         reasons = []
         if "memory" in rate:
-            reasons.append(f"memory's match of {proposal.match} tokens is predicted at {rate['memory'] / plain:.2f}x")
+            reasons.append(f"memory ({_what_matched(proposal)}) is predicted at {rate['memory'] / plain:.2f}x")
         elif proposal.match:
             reasons.append(f"memory's match of {proposal.match} tokens is too short")
         else:
@@ -279,6 +279,10 @@ class AutoDrafter(DrafterBase):
             self.model = ModelDrafter(self.model.backend, new.parents, "without_replacement", self.model.params,
                                       self.model.rng, "draft")
         self._plan_event = self.plan.to_event("re-planned: the acceptance seen while decoding drifted from the plan")
+
+
+def _what_matched(proposal: MemoryProposal) -> str:
+    return "where a copy resumes after an edit" if proposal.resumed else f"match of {proposal.match} tokens"
 
 
 def _plan_note(plan: Plan, drafting: bool) -> str:

@@ -3,8 +3,9 @@ proposed as a token tree of the likeliest ones (SuffixDecoding's idea, with cali
 
 Each step the drafter finds the longest suffix of the context that occurred before, in the context itself (live)
 or in the :class:`SuffixMemory` attached, and builds the tree from what followed every occurrence of that length.
-Recent occurrences weigh more: the live text first, then the documents used most recently. At the end of a
-generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts it next time.
+Recent occurrences weigh more: the live text first, then the documents used most recently. Where a copy of the live
+text just broke off (an edit), the tree holds guesses of where it resumes instead (core.memory.resume). At the end of
+a generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts it next time.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from core.drafting import DrafterBase, StaticStrategy
 from core.memory.documents import SuffixMemory
 from core.memory.index import MAX_MATCH, LiveIndex
 from core.memory.proposal import MemoryProposal, best_first
-from core.memory.stats import MemoryStats
+from core.memory.resume import ANCHOR_MATCH, CopyAnchor
+from core.memory.stats import RESUMED, MemoryStats
 from core.sampling import Rng, SamplingParams
 from core.tree import TokenTree
 from core.verify import Verdict
@@ -58,11 +60,13 @@ class MemoryDrafter(DrafterBase):
     label = "memory"
 
     def __init__(self, memory: SuffixMemory | None = None, budget: int = 8, max_depth: int = 8,
-                 min_match: int = 2) -> None:
+                 min_match: int = 2, resume: bool = True) -> None:
         self.memory = memory
         self.budget, self.max_depth, self.min_match = budget, max_depth, min_match
+        self.resume = resume
         self._own_stats = MemoryStats() if memory is None else None
         self.live = LiveIndex()
+        self.anchor = CopyAnchor()
         self.note = ""
         self._last: MemoryProposal | None = None
 
@@ -78,6 +82,7 @@ class MemoryDrafter(DrafterBase):
 
     def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
         self.live = LiveIndex(prompt)
+        self.anchor = CopyAnchor()
         self._last = None
         self.note = ""
 
@@ -86,10 +91,18 @@ class MemoryDrafter(DrafterBase):
         match is shorter than ``min_match``. The next :meth:`feedback` refers to this proposal."""
         self.live.sync(context)
         live_match, live_ends = self.live.longest()
+        self.anchor.follow(len(self.live), live_match, live_ends)
         state = self.memory.state if self.memory is not None else None
         mem_match, mem_ends = state.index.longest(self.live.suffix()) if state is not None else (0, live_ends[:0])
         match = max(live_match, mem_match)
         depth = min(max_depth, MAX_DEPTH)
+        if self.resume and match < ANCHOR_MATCH:
+            ends, weights = self.anchor.resumptions(self.live)
+            if len(ends):
+                found = best_first(self.live.continuations(ends, depth), weights, np.full(len(ends), -1, np.int64),
+                                   ANCHOR_MATCH, self.stats, max_nodes, max_depth, first_match=RESUMED)
+                self._last = replace(found, match=match, resumed=True)
+                return self._last
         if match < max(min_match, 1):
             self._last = MemoryProposal(TokenTree(), match)
             return self._last
@@ -113,6 +126,10 @@ class MemoryDrafter(DrafterBase):
         if not len(proposal.tree):
             self.note = (f"memory: no earlier match of {_plural(self.min_match, 'token')}"
                          if proposal.match < self.min_match else "memory: nothing to draft")
+            return proposal.tree
+        if proposal.resumed:
+            self.note = (f"memory: {_plural(len(proposal.tree), 'node')} guessing where the copy of this text resumes "
+                         f"after an edit")
             return proposal.tree
         remembered = len({d for d in proposal.row_documents if d >= 0})
         places = (["this text"] if -1 in proposal.row_documents else []) + \
@@ -167,12 +184,14 @@ class MemoryDrafter(DrafterBase):
 class Memory(StaticStrategy):
     """Drafts from memory: this text and, when a :class:`SuffixMemory` is attached, remembered documents.
 
-    ``budget`` nodes at most, ``max_depth`` levels, nothing unless ``min_match`` tokens agree. No draft model.
+    ``budget`` nodes at most, ``max_depth`` levels, nothing unless ``min_match`` tokens agree, and where a copy of
+    the text broke off, guesses of where it resumes unless ``resume`` is off. No draft model.
     """
 
     budget: int = 8
     max_depth: int = 8
     min_match: int = 2
+    resume: bool = True
     memory: SuffixMemory | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -180,16 +199,18 @@ class Memory(StaticStrategy):
                                   ("min_match", self.min_match, MAX_MATCH)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
                 raise ValueError(f"Memory: {name} must be an integer in 1..{high}, got {value!r}")
+        if not isinstance(self.resume, bool):
+            raise ValueError(f"Memory: resume must be True or False, got {self.resume!r}")
         if self.memory is not None and not isinstance(self.memory, SuffixMemory):
             raise ValueError(f"Memory: memory must be a SuffixMemory or None, got {type(self.memory).__name__}")
 
     @property
     def label(self) -> str:
-        return f"Memory({self.budget})"
+        return f"Memory({self.budget})" if self.resume else f"Memory({self.budget}, no resume)"
 
     def attached(self, memory: SuffixMemory | None) -> "Memory":
         """The same strategy drafting also from ``memory``."""
         return replace(self, memory=memory)
 
     def make_drafter(self, draft: Backend | None, params: SamplingParams, rng: Rng) -> MemoryDrafter:
-        return MemoryDrafter(self.memory, self.budget, self.max_depth, self.min_match)
+        return MemoryDrafter(self.memory, self.budget, self.max_depth, self.min_match, self.resume)

@@ -260,6 +260,10 @@ class LiveIndex:
         elif len(tokens) > n:
             self.extend(tokens[n:])
 
+    def tokens(self) -> np.ndarray:
+        """The context indexed (a view: valid until the next change)."""
+        return self._buffer[1:self._n + 1]
+
     def suffix(self, width: int = MAX_MATCH) -> list[int]:
         """The last ``width`` tokens, newest first."""
         return self._buffer[max(self._n - width, 0) + 1:self._n + 1][::-1].tolist()

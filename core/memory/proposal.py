@@ -34,6 +34,7 @@ class MemoryProposal:
     raw_probs: tuple[float, ...] = ()       # the uncalibrated estimates, which calibration compares with outcomes
     blocks: tuple[tuple[int, int], ...] = ()   # rows [a, b) of the sorted occurrences that back each node
     row_documents: tuple[int, ...] = ()     # per sorted occurrence: its remembered document's id, -1 for live text
+    resumed: bool = False                   # guesses where a copy resumes after an edit (core.memory.resume)
 
     def expected_tokens(self, n: int | None = None) -> float:
         """Tokens one target call is expected to emit with the first ``n`` nodes (all when None): the accepted
@@ -47,12 +48,13 @@ class MemoryProposal:
 
 
 def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray, match: int, stats: MemoryStats,
-               max_nodes: int, max_depth: int) -> MemoryProposal:
+               max_nodes: int, max_depth: int, first_match: int | None = None) -> MemoryProposal:
     """The best tree of at most ``max_nodes`` nodes and depth ``max_depth`` from continuations ``rows``.
 
     ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights``
     how much each occurrence counts. A node's raw estimate is its share of the weight of the parent's occurrences that
-    go on, times ``n / (n + KAPPA)`` for ``n`` such occurrences; calibrated as in :meth:`MemoryStats.estimate`.
+    go on, times ``n / (n + KAPPA)`` for ``n`` such occurrences; calibrated as in :meth:`MemoryStats.estimate` for
+    ``match + depth - 1`` tokens of agreement, or for ``first_match`` at depth 1 when given (a resumed copy).
     A few dozen rows at most: plain Python lists beat numpy's per-call overhead at this size.
     """
     depth_cap = min(rows.shape[1], max_depth)
@@ -65,7 +67,10 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     cumulative = list(accumulate((weight[i] for i in order), initial=0.0))
     heap: list[tuple] = []
     ties = count()
-    scales: dict[int, float] = {}     # depth -> the calibration of its nodes (match + depth - 1 tokens agree)
+    scales: dict[int, float] = {}     # depth -> the calibration of its nodes
+
+    def node_match(depth: int) -> int:
+        return first_match if depth == 1 and first_match is not None else match + depth - 1
 
     def push_children(parent: int, lo: int, hi: int, depth: int, path_prob: float) -> None:
         col = depth - 1
@@ -75,7 +80,7 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
         if first == hi:
             return
         if depth not in scales:
-            scales[depth] = stats.scale(match + depth - 1)
+            scales[depth] = stats.scale(node_match(depth))
         total = cumulative[hi] - cumulative[first]
         confidence = (hi - first) / (hi - first + KAPPA)
         a = first
@@ -100,7 +105,7 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
         node = tree.add(token, parent, Proposal(), SOURCE)
         node_probs.append(p)
         path_probs.append(-neg_path)
-        matches.append(match + depth - 1)
+        matches.append(node_match(depth))
         raws.append(raw)
         blocks.append((a, b))
         if depth < depth_cap:

@@ -11,6 +11,9 @@ single occurrence is assumed to achieve) while the bucket has little evidence.
 The event counted is "the node was accepted given its parent was", which for a deterministic draft is exactly the
 target's probability of the node's token, whatever the sibling order. Evidence decays slowly (``DECAY`` per new
 observation in a bucket) so the numbers follow the model pair and the user's texts across sessions.
+
+A last bucket, ``RESUMED``, holds the first token of a copy guessed to resume after an edit (core.memory.resume):
+no token agrees behind that guess, so no match length describes it.
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 BUCKET_STARTS = (1, 2, 3, 4, 5, 9, 17)          # match lengths 1, 2, 3, 4, 5-8, 9-16, 17+
-BUCKET_LABELS = ("1", "2", "3", "4", "5-8", "9-16", "17+")
-PRIOR_RATE = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75)
+RESUMED = -1            # the "match length" of a resumed copy's first token: the last bucket
+BUCKET_LABELS = ("1", "2", "3", "4", "5-8", "9-16", "17+", "resumed")
+PRIOR_RATE = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.55)
 PRIOR_WEIGHT = 4.0      # the prior counts as this many observations
 DECAY = 0.995
 KAPPA = 1.0             # pseudo-occurrences of an unseen continuation behind every raw estimate
@@ -29,7 +33,9 @@ MAX_PROB = 0.98         # no memory guess is certain
 
 
 def bucket(match: int) -> int:
-    """Index of the bucket of a match length (lengths below 1 count as 1)."""
+    """Index of the bucket of a match length (other lengths below 1 count as 1)."""
+    if match == RESUMED:
+        return len(BUCKET_STARTS)
     return bisect_right(BUCKET_STARTS, max(match, 1)) - 1
 
 
@@ -39,7 +45,7 @@ def calibrated(scale: float, raw: float) -> float:
 
 
 def _zeros() -> list[float]:
-    return [0.0] * len(BUCKET_STARTS)
+    return [0.0] * len(BUCKET_LABELS)
 
 
 @dataclass
@@ -78,11 +84,13 @@ class MemoryStats:
 
     @classmethod
     def from_dict(cls, data: dict) -> "MemoryStats":
-        """Raises ValueError when ``data`` is not what :meth:`to_dict` writes."""
+        """Raises ValueError when ``data`` is not what :meth:`to_dict` writes. A file written before the ``RESUMED``
+        bucket existed gets it empty."""
         try:
             lists = [[float(v) for v in data[name]] for name in ("tested", "accepted", "predicted")]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"memory statistics are malformed: {exc}") from None
-        if any(len(v) != len(BUCKET_STARTS) or not all(math.isfinite(x) and x >= 0 for x in v) for v in lists):
+        lists = [v + [0.0] if len(v) == len(BUCKET_STARTS) else v for v in lists]
+        if any(len(v) != len(BUCKET_LABELS) or not all(math.isfinite(x) and x >= 0 for x in v) for v in lists):
             raise ValueError("memory statistics have the wrong number of buckets or negative counts")
         return cls(*lists)
