@@ -199,3 +199,19 @@ def test_sampled_multidraft_runs_score_both_verifiers_on_their_own_drafts(tmp_pa
     assert summary["spectr"] == pytest.approx(sum(r["spectr"] * r["steps"] for r in runs) / summary["steps"])
     assert "SpecInfer / SpecTr" in out.with_suffix(".md").read_text()
     assert "same_drafts" not in report["summary"]["baseline"]
+
+
+def test_auto_noresume_reaches_the_memory_drafter() -> None:
+    from core.auto.costs import Latencies
+    from core.auto.plan import Plan
+    from core.bench.run import attach_memory
+    from core.memory import SuffixMemory
+    from core.sampling import Rng, SamplingParams
+
+    strategies = attach_memory({m: bench.strategy_for(m) for m in ("auto", "auto:noresume")}, SuffixMemory("x"))
+    for mode, resume in (("auto", True), ("auto:noresume", False)):
+        auto = strategies[mode]
+        auto.plan = Plan({}, Latencies({1: 0.1, 2: 0.15}))
+        assert auto.make_drafter(None, SamplingParams(), Rng(0)).memory.resume is resume
+    with pytest.raises(bench.BenchError, match="integers"):
+        bench.strategy_for("auto:resume")

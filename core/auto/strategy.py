@@ -34,7 +34,7 @@ class Auto:
 
     The engine binds it to its models before a generation: the plan is loaded from the cache or measured, its
     verification settings applied, and the memory of earlier texts opened (``memory=`` gives one; ``use_memory=False``
-    drafts from the current text only). Pass ``plan=`` to decide from given measurements (tests inject latencies
+    drafts from the current text only; ``resume=False`` never guesses where a copy resumes after an edit). Pass ``plan=`` to decide from given measurements (tests inject latencies
     this way, with ``clock=None`` so that the real steps' timings do not correct them).
 
     What each option's steps really cost is learnt across the generations of one binding (core.auto.step_costs).
@@ -43,7 +43,7 @@ class Auto:
     label = "Auto"
 
     def __init__(self, plan: Plan | None = None, cache: bool = True, refresh: bool = False,
-                 memory: SuffixMemory | None = None, use_memory: bool = True,
+                 memory: SuffixMemory | None = None, use_memory: bool = True, resume: bool = True,
                  clock: Callable[[], float] | None = time.perf_counter) -> None:
         self.plan = plan
         self._fixed = plan is not None
@@ -51,6 +51,7 @@ class Auto:
         self.refresh = refresh
         self.memory = memory
         self.use_memory = use_memory
+        self.resume = resume
         self.clock = clock
         self.step_costs = StepCosts()
         self.report: Report | None = None   # progress of a measurement, for a window that shows it
@@ -90,6 +91,6 @@ class Auto:
         tree_draft = self._tree_draft if self._tree_draft is not None else draft
         if tree_draft is not None and self.plan.tree_pays():
             model = ModelDrafter(tree_draft, self.plan.tree.parents, "without_replacement", params, rng, "draft")
-        memory = MemoryDrafter(self.memory if self.use_memory else None)
+        memory = MemoryDrafter(self.memory if self.use_memory else None, resume=self.resume)
         self.last_drafter = AutoDrafter(self.plan, memory, model, self._replanned, self.step_costs, self.clock)
         return self.last_drafter

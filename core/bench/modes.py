@@ -19,7 +19,8 @@ MAX_TREE_DEPTH = 16
 MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia shape from the published acceptance "
              "vector), multidraft[:K[:LENGTH[:specinfer|spectr]]] (K draft sequences, verified by rule 3 or by "
              "SpecTr's K-SEQ), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), self:L[:K] (the "
-             "target's first L layers draft a chain of K; transformers backend), adaptive, auto, "
+             "target's first L layers draft a chain of K; transformers backend), adaptive, auto[:noresume] (Auto "
+             "without guesses of where a copy resumes after an edit), "
              f"{HF_ASSISTED} (transformers backend only)")
 
 
@@ -38,6 +39,9 @@ def strategy_for(mode: str):
     """The strategy a mode name stands for (the runners have none)."""
     name, *args = mode.split(":")
     verifier = args.pop() if name == "multidraft" and len(args) == 3 else None   # the one word among the numbers
+    resume = not (name == "auto" and args == ["noresume"])
+    if not resume:
+        args.pop()
     nums = _ints(mode, args)
     try:
         if name == "baseline" and not nums:
@@ -65,7 +69,7 @@ def strategy_for(mode: str):
         if name == "adaptive" and not nums:
             return AdaptiveChain()
         if name == "auto" and not nums:
-            return Auto()
+            return Auto(resume=resume)
     except BenchError:
         raise
     except ValueError as exc:

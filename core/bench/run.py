@@ -75,7 +75,7 @@ def attach_memory(strategies: dict, memory) -> dict:
     out = {}
     for mode, strategy in strategies.items():
         if isinstance(strategy, Auto):
-            strategy = Auto(memory=memory)
+            strategy = Auto(memory=memory, resume=strategy.resume)
         elif isinstance(strategy, Memory):
             strategy = strategy.attached(memory)
         out[mode] = strategy
