@@ -10,8 +10,13 @@ import pytest
 
 import core.auto.calibrate as calibrate
 import core.bench as bench
+from core.auto.costs import Latencies
+from core.auto.plan import Plan
 from core.bench.prompts import read_prompts
 from core.bench.report import ratios
+from core.bench.run import attach_memory
+from core.memory import SuffixMemory
+from core.sampling import Rng, SamplingParams
 
 PROMPTS = [{"id": "p1", "prompt": "Say hi."}, {"id": "p2", "prompt": "abc abc abc abc abc"}]
 
@@ -202,12 +207,6 @@ def test_sampled_multidraft_runs_score_both_verifiers_on_their_own_drafts(tmp_pa
 
 
 def test_auto_noresume_reaches_the_memory_drafter() -> None:
-    from core.auto.costs import Latencies
-    from core.auto.plan import Plan
-    from core.bench.run import attach_memory
-    from core.memory import SuffixMemory
-    from core.sampling import Rng, SamplingParams
-
     strategies = attach_memory({m: bench.strategy_for(m) for m in ("auto", "auto:noresume")}, SuffixMemory("x"))
     for mode, resume in (("auto", True), ("auto:noresume", False)):
         auto = strategies[mode]
