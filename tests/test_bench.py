@@ -14,7 +14,7 @@ from core.auto.costs import Latencies
 from core.auto.plan import Plan
 from core.bench.prompts import read_prompts
 from core.bench.report import ratios
-from core.bench.run import attach_memory
+from core.bench.run import EngineSurface, attach_memory
 from core.memory import SuffixMemory
 from core.sampling import Rng, SamplingParams
 
@@ -214,3 +214,19 @@ def test_auto_noresume_reaches_the_memory_drafter() -> None:
         assert auto.make_drafter(None, SamplingParams(), Rng(0)).memory.resume is resume
     with pytest.raises(bench.BenchError, match="integers"):
         bench.strategy_for("auto:resume")
+
+
+def test_every_engine_run_starts_with_an_empty_cache(monkeypatch, prompt_file) -> None:
+    # modes share the target backend, which keeps a prompt's KV for the next turn; a run finding its prompt there
+    # would skip the prefill the others paid
+    found = []
+    decode = EngineSurface.decode
+
+    def recording(self, engine, messages, prompt_ids, max_new_tokens):
+        found.append(len(engine.target.committed))
+        return decode(self, engine, messages, prompt_ids, max_new_tokens)
+
+    monkeypatch.setattr(EngineSurface, "decode", recording)
+    assert bench.main(["--pair", "tiny", "--modes", "baseline,ngram,memory", "--prompts", str(prompt_file),
+                       "--max-new-tokens", "4"]) == 0
+    assert len(found) == 3 * len(PROMPTS) and set(found) == {0}

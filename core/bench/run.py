@@ -142,6 +142,7 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
                         out = setup.runners[mode].run(ids, setup.max_new_tokens, setup.sampling)
                         row = runner_row(out)
                     else:
+                        _forget_prompts(setup)
                         out = surface.decode(engines[mode], p["messages"], ids, setup.max_new_tokens)
                         row = engine_row(out, engines[mode].strategy)
                     if surface is setup.surfaces[0]:
@@ -157,6 +158,14 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
             runs += rows
     setup.memory.restore(before)
     return runs
+
+
+def _forget_prompts(setup: BenchSetup) -> None:
+    """Drop the KV the backends kept from the run before: the engine modes share them, and a mode that found its
+    prompt cached would skip the prefill the others paid (its time to first token would look shorter)."""
+    for backend in (setup.target, setup.draft):
+        if backend is not None:
+            backend.reset()
 
 
 def _warm_up(setup: BenchSetup, engines: dict, prompt: list[int]) -> None:
