@@ -77,7 +77,8 @@ class PromptRates:
     def _shorter_floor(self, b: int) -> float:
         """This prompt's acceptance at match lengths shorter than bucket ``b``'s, from two tokens up (one matching
         token is no sign of copying: it matches anywhere), counted as if ``PRIOR_WEIGHT`` misses came first, so that
-        only this prompt's own evidence raises it.
+        only this prompt's own evidence raises it. For the ``resumed`` bucket (the last) that is every copy bucket from
+        two tokens up: a prompt whose copies hold is likely to resume them after its edits.
 
         An edit that copies its source proves it at short matches first; without the floor its long matches started
         from their long-run rate and were drafted two nodes deep until they had failed or succeeded on their own
