@@ -2,6 +2,7 @@
 memory isolation, the window surface, follow-up prompt sets, bad input found before the run."""
 from __future__ import annotations
 
+import gc
 import json
 import math
 import statistics
@@ -146,32 +147,29 @@ def test_bench_names_bad_input_before_running(tmp_path, prompt_file, capsys) -> 
     assert "llama.cpp" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_native_places_its_weights_as_the_backend_does(monkeypatch, tmp_path, amx) -> None:
-    # llama.cpp's AMX buffers crash every decode there; Llama() has no argument for weight placement
-    import llama_cpp.llama_cpp as lib
-
-    import core.backends.weight_buffers as buffers
-    from core.bench.runners import _backend_buffers
+def test_native_runs_on_the_targets_own_weights(tmp_path) -> None:
+    # two copies of one file do not decode at one speed (docs/bench/aa-controls-epyc.md): the reference must read the
+    # very weights the engine does, and leave them to the target when it goes
     from tiny_gguf import write_tiny_gguf
 
     from core.backends.llamacpp import LlamaCppBackend
     from core.bench.runners import NativeRunner
+    from core.tree import TokenTree
 
-    monkeypatch.setattr(buffers, "has_amx", lambda: amx)
-    path = write_tiny_gguf(tmp_path / "tiny.gguf")
-    default = lib.llama_model_default_params
-    with _backend_buffers(buffers.weight_buffers(path)):
-        assert lib.llama_model_default_params().use_extra_bufts is (not amx)
-    assert lib.llama_model_default_params is default
-    assert lib.llama_model_default_params().use_extra_bufts
-
-    target = LlamaCppBackend(path, n_ctx=128, n_threads=1)
-    applied = []
-    chosen = target.weight_buffers
-    monkeypatch.setattr(type(chosen), "apply", lambda self, params: applied.append(self))
-    NativeRunner(target).close()
-    assert applied and all(placement is chosen for placement in applied)   # the backend's own placement, not a second one
+    target = LlamaCppBackend(write_tiny_gguf(tmp_path / "tiny.gguf"), n_ctx=128, n_threads=1)
+    runner = NativeRunner(target)
+    assert runner.llm._model.model == target._model
+    out = runner.run([1, 2, 3], 4, SamplingParams())
+    runner.close()
+    del runner
+    gc.collect()
+    # the weights are still there, and the same: the target's own greedy steps give the tokens native gave
+    token, tokens = int(target.prefill([1, 2, 3]).argmax()), []
+    for _ in range(4):
+        tokens.append(token)
+        token = int(target.forward_tree(TokenTree.chain([token]))[0].argmax())
+        target.commit([0])
+    assert tuple(tokens) == out.tokens
 
 
 def test_bundled_prompt_sets() -> None:
@@ -230,3 +228,24 @@ def test_every_engine_run_starts_with_an_empty_cache(monkeypatch, prompt_file) -
     assert bench.main(["--pair", "tiny", "--modes", "baseline,ngram,memory", "--prompts", str(prompt_file),
                        "--max-new-tokens", "4"]) == 0
     assert len(found) == 3 * len(PROMPTS) and set(found) == {0}
+
+
+def test_aa_controls_run_as_twins_of_their_reference(tmp_path, prompt_file) -> None:
+    from core.bench.modes import needs_draft_model, parse_modes, runner_of
+    from core.drafting import Baseline
+
+    assert runner_of("native:again") == runner_of("native") == "native" and runner_of("baseline:again") is None
+    assert runner_of("hf-assisted") == "hf-assisted" and runner_of("auto") is None
+    assert isinstance(bench.strategy_for("baseline:again"), Baseline)
+    assert not needs_draft_model("baseline:again") and not needs_draft_model("native:again")
+    assert parse_modes("native,native:again,auto") == ["baseline", "native", "native:again", "auto"]
+    with pytest.raises(bench.BenchError):
+        parse_modes("auto:again")
+    out = tmp_path / "aa.json"
+    assert bench.main(["--pair", "tiny", "--modes", "baseline,baseline:again", "--prompts", str(prompt_file),
+                       "--max-new-tokens", "5", "--repeat", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    twins = [r for r in report["runs"] if r["mode"] == "baseline:again"]
+    assert len(twins) == len(PROMPTS) * 2 and all(r["greedy_vs_baseline"].startswith("identical") for r in twins)
+    assert all(r["target_calls"] == r["new_tokens"] for r in twins)   # plain steps, like the baseline it mirrors
+    assert set(report["summary"]["baseline:again"]["by_prompt"]) == {"set/p1", "set/p2"}

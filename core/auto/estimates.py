@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from core.memory.stats import BUCKET_LABELS, MemoryStats, bucket
+from core.memory.stats import MemoryStats, bucket, per_bucket
 from core.tree import TokenTree
 from core.verify import Verdict
 
@@ -58,8 +58,8 @@ class PromptRates:
 
     def __init__(self, long_run: MemoryStats) -> None:
         self.long_run = long_run
-        self.tested = [0.0] * len(BUCKET_LABELS)
-        self.accepted = [0.0] * len(BUCKET_LABELS)
+        self.tested = per_bucket()
+        self.accepted = per_bucket()
 
     def observe(self, match: int, accepted: bool) -> None:
         b = bucket(match)

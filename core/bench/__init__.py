@@ -18,7 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from core.bench.modes import HF_ASSISTED, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes, strategy_for
+from core.bench.modes import (
+    HF_ASSISTED, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes, runner_of, strategy_for,
+)
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
 from core.bench.run import BenchSetup, ComparedSurface, EngineSurface, attach_memory, run_bench, stderr_log
@@ -107,8 +109,8 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
         target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device)
         if args.no_draft:
             draft = None
-        runners = {m: (NativeRunner(target) if m == NATIVE else HFAssisted(target, draft, args.pair))
-                   for m in modes if m in (NATIVE, HF_ASSISTED)}
+        runners = {m: (NativeRunner(target) if runner_of(m) == NATIVE else HFAssisted(target, draft, args.pair))
+                   for m in modes if runner_of(m)}
         encoded = _encoded(target, prompts, args.max_new_tokens)
     except Exception as exc:  # a model that will not load, a prompt that cannot fit: one clear line
         print(f"speclens bench: {exc}", file=sys.stderr)

@@ -14,6 +14,10 @@ from core.self_draft import SelfDraft
 NATIVE = "native"            # llama-cpp-python's own generate loop on the same file and threads
 HF_ASSISTED = "hf-assisted"  # transformers' own assisted generation on the same pair
 RUNNERS = (NATIVE, HF_ASSISTED)
+# An A/A control: a second, identical baseline (the same engine work, so its ratio to baseline is pure run-to-run
+# noise) or a second native reference (its own copy of the weights and context, so its ratio to native adds where a
+# copy happened to land in memory). No mode can be told from another by less than its controls move.
+AGAIN = ":again"
 MAX_TREE_BUDGET = 64         # a bench tree larger than this would take minutes per step on a CPU
 MAX_TREE_DEPTH = 16
 MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia shape from the published acceptance "
@@ -21,7 +25,8 @@ MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia sha
              "SpecTr's K-SEQ), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), self:L[:K] (the "
              "target's first L layers draft a chain of K; transformers backend), adaptive, auto[:noresume] (Auto "
              "without guesses of where a copy resumes after an edit), "
-             f"{HF_ASSISTED} (transformers backend only)")
+             f"{HF_ASSISTED} (transformers backend only), baseline{AGAIN} and {NATIVE}{AGAIN} (A/A controls: a "
+             "second, identical baseline or native reference, whose ratios show the noise floor)")
 
 
 class BenchError(ValueError):
@@ -35,8 +40,16 @@ def _ints(mode: str, parts: Sequence[str]) -> list[int]:
         raise BenchError(f"mode {mode!r}: the numbers after ':' must be integers") from None
 
 
+def runner_of(mode: str) -> str | None:
+    """The runner a mode runs (``native``, ``hf-assisted``; ``native:again`` too), or None for an engine mode."""
+    name = mode.removesuffix(AGAIN) if mode == NATIVE + AGAIN else mode
+    return name if name in RUNNERS else None
+
+
 def strategy_for(mode: str):
     """The strategy a mode name stands for (the runners have none)."""
+    if mode == "baseline" + AGAIN:
+        return Baseline()
     name, *args = mode.split(":")
     verifier = args.pop() if name == "multidraft" and len(args) == 3 else None   # the one word among the numbers
     resume = not (name == "auto" and args == ["noresume"])
@@ -87,10 +100,11 @@ def parse_modes(text: str) -> list[str]:
     if len(set(modes)) != len(modes):
         raise BenchError(f"a mode is listed twice in {text!r}")
     for mode in modes:
-        if mode not in RUNNERS:
+        if runner_of(mode) is None:
             strategy_for(mode)
     return modes
 
 
 def needs_draft_model(mode: str) -> bool:
-    return mode not in ("baseline", "auto", NATIVE) and not mode.startswith(("ngram", "memory", "self"))
+    return (mode.removesuffix(AGAIN) not in ("baseline", "auto", NATIVE)
+            and not mode.startswith(("ngram", "memory", "self")))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from core.auto import Auto
-from core.bench.modes import HF_ASSISTED, NATIVE, RUNNERS
+from core.bench.modes import HF_ASSISTED, NATIVE, runner_of
 from core.bench.runners import RunnerResult
 from core.bench.same_drafts import SameDrafts
 from core.divergence import compare_greedy
@@ -122,7 +122,7 @@ def identity(base: GenerationResult, other) -> str:
 def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], log: Log) -> list[dict]:
     """Decode every prompt in every mode on every surface, ``setup.repeat`` times; returns the runs."""
     modes = list(setup.strategies)
-    engines = {m: SpeculativeEngine(setup.target, setup.draft if m != "baseline" else None, s, setup.sampling)
+    engines = {m: SpeculativeEngine(setup.target, None if isinstance(s, Baseline) else setup.draft, s, setup.sampling)
                for m, s in setup.strategies.items() if s is not None}
     _warm_up(setup, engines, encoded[0])
     before = setup.memory.snapshot()
@@ -134,11 +134,11 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
             order = modes[shift:] + modes[:shift]
             results, rows = {}, []
             for mode in order:
-                surfaces = setup.surfaces if mode not in RUNNERS else setup.surfaces[:1]
+                surfaces = setup.surfaces if runner_of(mode) is None else setup.surfaces[:1]
                 # the surfaces alternate too, so neither always runs on a warmer machine
                 for surface in (surfaces if i % 2 == 0 else list(reversed(surfaces))):
                     setup.memory.restore(start)
-                    if mode in RUNNERS:
+                    if runner_of(mode):
                         out = setup.runners[mode].run(ids, setup.max_new_tokens, setup.sampling)
                         row = runner_row(out)
                     else:

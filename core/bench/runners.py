@@ -2,7 +2,7 @@
 
 * ``native``: llama-cpp-python's high-level ``Llama.generate`` loop with its own C sampler — what a Python user
   would otherwise write — on the target's GGUF, with the same context size and threads and llama-cpp-python's
-  default context settings, its weights placed as the backend places them.
+  default context settings, reading the very weights the target loaded.
 * ``hf-assisted``: transformers' own assisted generation (``generate(assistant_model=...)``) on the same pair.
 
 Each returns the same timings as the engine: the time to the first token and to the last.
@@ -25,7 +25,7 @@ class RunnerResult:
 
 
 class NativeRunner:
-    """``Llama.generate`` on the target's file (llama.cpp backend only)."""
+    """``Llama.generate`` on the target's loaded weights (llama.cpp backend only)."""
 
     def __init__(self, target) -> None:
         from core.backends.llamacpp import LlamaCppBackend
@@ -35,10 +35,13 @@ class NativeRunner:
         import llama_cpp
 
         self.eos = target.eos_ids
-        with _backend_buffers(target.weight_buffers):
+        with _target_weights(target):
             self.llm = llama_cpp.Llama(str(target.path), n_ctx=target.context_length, n_threads=target.n_threads,
                                        n_threads_batch=target.n_threads,
                                        n_gpu_layers=-1 if target.device == "gpu" else 0, verbose=False)
+        # the weights are the target's to free: llama-cpp-python must not free them when this runner goes
+        self.llm._model._exit_stack.pop_all()
+        self._target = target   # and the target must outlive the contexts made on its weights
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> RunnerResult:
         if sampling.seed is not None:
@@ -61,29 +64,25 @@ class NativeRunner:
 
 
 @contextmanager
-def _backend_buffers(buffers):
-    """Load ``Llama`` with ``buffers``, the weight placement the llama.cpp backend chose for the same file
-    (core.backends.weight_buffers).
+def _target_weights(target):
+    """Build ``Llama`` on the model ``target`` already loaded instead of a second copy of the file.
 
-    With llama.cpp's default placement every decode of a quantized model dies of an illegal instruction on an AMX
-    CPU, so the reference would never run; and the reference should be as fast as the engine's own plain loop, so it
-    gets the same repacked weights. ``Llama`` takes no argument for either, so its default model parameters are
-    adjusted while it loads; buffers change where weights live and which kernels read them, not the model.
+    Two copies of the same weights do not run at the same speed: in one bench run on a 2-core EPYC a second,
+    identical ``native`` (``native:again``, its own copy) decoded at 0.92x of the first on every prompt
+    (docs/bench/aa-controls-epyc.md), more than any difference the bench is there to find. Sharing one copy
+    compares the loops, not where each copy landed in memory; it also gets the target's weight placement (with
+    llama.cpp's default one every decode dies of an illegal instruction on an AMX CPU) and saves the memory of a
+    second model. ``Llama`` takes no model object, so its loader is given the target's while it loads; contexts,
+    caches and samplers stay its own.
     """
-    import llama_cpp.llama_cpp as lib
+    import llama_cpp._internals as internals
 
-    default = lib.llama_model_default_params
-
-    def placed():
-        params = default()
-        buffers.apply(params)
-        return params
-
-    lib.llama_model_default_params = placed
+    load = internals.llama_cpp.llama_model_load_from_file
+    internals.llama_cpp.llama_model_load_from_file = lambda path, params: target._model
     try:
         yield
     finally:
-        lib.llama_model_default_params = default
+        internals.llama_cpp.llama_model_load_from_file = load
 
 
 class HFAssisted:

@@ -44,7 +44,8 @@ def calibrated(scale: float, raw: float) -> float:
     return min(MAX_PROB, scale * raw)
 
 
-def _zeros() -> list[float]:
+def per_bucket() -> list[float]:
+    """A zero for every bucket: the shape of every per-bucket count."""
     return [0.0] * len(BUCKET_LABELS)
 
 
@@ -52,9 +53,9 @@ def _zeros() -> list[float]:
 class MemoryStats:
     """Per bucket: decayed counts of observed nodes, accepted nodes and the sum of their raw estimates."""
 
-    tested: list[float] = field(default_factory=_zeros)
-    accepted: list[float] = field(default_factory=_zeros)
-    predicted: list[float] = field(default_factory=_zeros)
+    tested: list[float] = field(default_factory=per_bucket)
+    accepted: list[float] = field(default_factory=per_bucket)
+    predicted: list[float] = field(default_factory=per_bucket)
 
     def rate(self, match: int) -> float:
         """Smoothed share of memory-drafted tokens accepted at this match length."""
