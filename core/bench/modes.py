@@ -14,9 +14,9 @@ from core.self_draft import SelfDraft
 NATIVE = "native"            # llama-cpp-python's own generate loop on the same file and threads
 HF_ASSISTED = "hf-assisted"  # transformers' own assisted generation on the same pair
 RUNNERS = (NATIVE, HF_ASSISTED)
-# An A/A control: a second, identical baseline (the same engine work, so its ratio to baseline is pure run-to-run
-# noise) or a second native reference (its own copy of the weights and context, so its ratio to native adds where a
-# copy happened to land in memory). No mode can be told from another by less than its controls move.
+# An A/A control: a second, identical baseline or native reference (the same loop on the same weights, with its own
+# context for native), so its ratio to its twin is the run-to-run noise. No mode can be told from another by less
+# than its controls move.
 AGAIN = ":again"
 MAX_TREE_BUDGET = 64         # a bench tree larger than this would take minutes per step on a CPU
 MAX_TREE_DEPTH = 16
@@ -42,7 +42,7 @@ def _ints(mode: str, parts: Sequence[str]) -> list[int]:
 
 def runner_of(mode: str) -> str | None:
     """The runner a mode runs (``native``, ``hf-assisted``; ``native:again`` too), or None for an engine mode."""
-    name = mode.removesuffix(AGAIN) if mode == NATIVE + AGAIN else mode
+    name = NATIVE if mode == NATIVE + AGAIN else mode
     return name if name in RUNNERS else None
 
 

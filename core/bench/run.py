@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from core.auto import Auto
-from core.bench.modes import HF_ASSISTED, NATIVE, runner_of
+from core.bench.modes import HF_ASSISTED, NATIVE
 from core.bench.runners import RunnerResult
 from core.bench.same_drafts import SameDrafts
 from core.divergence import compare_greedy
@@ -134,11 +134,11 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
             order = modes[shift:] + modes[:shift]
             results, rows = {}, []
             for mode in order:
-                surfaces = setup.surfaces if runner_of(mode) is None else setup.surfaces[:1]
+                surfaces = setup.surfaces if mode not in setup.runners else setup.surfaces[:1]
                 # the surfaces alternate too, so neither always runs on a warmer machine
                 for surface in (surfaces if i % 2 == 0 else list(reversed(surfaces))):
                     setup.memory.restore(start)
-                    if runner_of(mode):
+                    if mode in setup.runners:
                         out = setup.runners[mode].run(ids, setup.max_new_tokens, setup.sampling)
                         row = runner_row(out)
                     else:

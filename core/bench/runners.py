@@ -68,7 +68,7 @@ def _target_weights(target):
     """Build ``Llama`` on the model ``target`` already loaded instead of a second copy of the file.
 
     Two copies of the same weights do not run at the same speed: in one bench run on a 2-core EPYC a second,
-    identical ``native`` (``native:again``, its own copy) decoded at 0.92x of the first on every prompt
+    identical ``native`` (``native:again``, when each loaded its own copy) decoded at 0.92x of the first on every prompt
     (docs/bench/aa-controls-epyc.md), more than any difference the bench is there to find. Sharing one copy
     compares the loops, not where each copy landed in memory; it also gets the target's weight placement (with
     llama.cpp's default one every decode dies of an illegal instruction on an AMX CPU) and saves the memory of a
