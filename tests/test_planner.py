@@ -18,6 +18,7 @@ from core.auto.step_costs import MIN_SAMPLES, StepCosts
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
 from core.memory import MemoryStats, open_memory
+from core.memory.stats import RESUMED
 from core.sampling import SamplingParams
 from core.sequoia import solve
 from core.tree import Proposal, TokenTree
@@ -273,9 +274,19 @@ def test_what_shorter_matches_show_is_a_floor_for_longer_ones() -> None:
     raised = (20 / (20 + PromptRates.PRIOR_WEIGHT)) / MemoryStats().rate(12)
     assert copying.factor(12) == pytest.approx(raised) and raised > 1.0
     for _ in range(3):
-        copying.observe(12, False)          # its own misses no longer stop long matches here
+        copying.observe(12, False)          # a long match breaks at each edit: its misses do not stop it here
     assert copying.factor(12) == pytest.approx(raised)
     assert copying.factor(2) == pytest.approx(1.0)   # nothing shorter than 2 tokens carries a floor
+
+
+def test_guesses_of_where_a_copy_resumes_stop_after_their_own_misses() -> None:
+    rates = PromptRates(MemoryStats())
+    for _ in range(5):
+        rates.observe(4, True)              # the copies of this prompt hold ...
+    assert rates.factor(RESUMED) * MemoryStats().rate(RESUMED) > 0.6
+    for _ in range(3):
+        rates.observe(RESUMED, False)       # ... but its resumption guesses keep missing
+    assert rates.factor(RESUMED) * MemoryStats().rate(RESUMED) < 0.4
 
 
 def test_the_gate_is_the_measured_noise() -> None:

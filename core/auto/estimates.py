@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from core.memory.stats import MemoryStats, bucket, per_bucket
+from core.memory.stats import RESUMED, MemoryStats, bucket, per_bucket
 from core.tree import TokenTree
 from core.verify import Verdict
 
@@ -50,7 +50,10 @@ class PromptRates:
     The long-run rate counts as ``PRIOR_WEIGHT`` observations, each observation of this prompt as one: three
     rejections at a match length where memory is usually right 70 % of the time halve the estimate there, which
     stops drafting at that length for the rest of this answer. A longer match is no less reliable than a shorter
-    one, so what this prompt shows at shorter lengths is a floor for longer ones (:meth:`_shorter_floor`).
+    one, so what this prompt shows at shorter lengths is a floor for longer ones (:meth:`_shorter_floor`): a long
+    match breaks once per edit, and starts again after it. A guess of where a copy resumes is no match: what the
+    copies show only raises its prior, and its own misses stop it (a bug-fix prompt whose short copies held drafted
+    six failing guesses in a row, each a lost verification of two tokens).
     ``factor`` is what memory's estimates are multiplied by.
     """
 
@@ -71,8 +74,10 @@ class PromptRates:
         prior = self.long_run.rate(match)
         if prior <= 0:
             return 1.0
-        here = (self.accepted[b] + self.PRIOR_WEIGHT * prior) / (self.tested[b] + self.PRIOR_WEIGHT)
-        return max(here, self._shorter_floor(b)) / prior
+        floor = self._shorter_floor(b)
+        start = max(prior, floor) if match == RESUMED else prior
+        here = (self.accepted[b] + self.PRIOR_WEIGHT * start) / (self.tested[b] + self.PRIOR_WEIGHT)
+        return (here if match == RESUMED else max(here, floor)) / prior
 
     def _shorter_floor(self, b: int) -> float:
         """This prompt's acceptance at match lengths shorter than bucket ``b``'s, from two tokens up (one matching
