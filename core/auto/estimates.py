@@ -75,9 +75,13 @@ class PromptRates:
         if prior <= 0:
             return 1.0
         floor = self._shorter_floor(b)
-        start = max(prior, floor) if match == RESUMED else prior
-        here = (self.accepted[b] + self.PRIOR_WEIGHT * start) / (self.tested[b] + self.PRIOR_WEIGHT)
-        return (here if match == RESUMED else max(here, floor)) / prior
+        if match == RESUMED:
+            return self._observed(b, max(prior, floor)) / prior
+        return max(self._observed(b, prior), floor) / prior
+
+    def _observed(self, b: int, prior: float) -> float:
+        """Bucket ``b``'s acceptance on this prompt, from ``prior`` counted as ``PRIOR_WEIGHT`` observations."""
+        return (self.accepted[b] + self.PRIOR_WEIGHT * prior) / (self.tested[b] + self.PRIOR_WEIGHT)
 
     def _shorter_floor(self, b: int) -> float:
         """This prompt's acceptance at match lengths shorter than bucket ``b``'s, from two tokens up (one matching
