@@ -3,8 +3,9 @@
 Each decode goes through the real main window (offscreen unless a display is set): a conversation holding the
 prompt's earlier turns is opened, the last question is sent as a user would, and the session's answer — streamed,
 rendered, drawn in the tree view and saved to a throwaway history — is returned when it ends. The window decodes
-with the benchmark's own strategy object and sampling, and the bare engine it is compared with decodes on the same
-engine thread (app.worker: where decoding runs changes llama.cpp's speed), so the only difference is the window.
+with the benchmark's own strategy object and sampling, and the bare engine it is compared with, like everything else
+the bench computes (``call``), decodes on the same engine thread (app.worker: where decoding runs changes
+llama.cpp's speed), so the only difference is the window.
 """
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable, TypeVar
 
+from app.worker import on_engine_thread
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult
 
 WINDOW_SIZE = (1440, 900)
+T = TypeVar("T")
 
 
 def wait_for(signals: tuple, done) -> None:
@@ -53,6 +57,9 @@ class WindowSurface:
     def engine_surface(self) -> "EngineThreadSurface":
         """The bare engine to compare the window with."""
         return EngineThreadSurface()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        return on_engine_thread(fn)
 
     def decode(self, engine: SpeculativeEngine, messages: list[dict], prompt_ids: list[int],
                max_new_tokens: int) -> GenerationResult:
@@ -92,21 +99,11 @@ class WindowSurface:
 
 
 class EngineThreadSurface:
-    """The bare engine, run on the app's engine thread while the GUI thread only waits for it."""
+    """The bare engine, run on the app's engine thread while the GUI thread waits, blocked."""
 
     name = "engine"
 
     def decode(self, engine: SpeculativeEngine, messages: list[dict], prompt_ids: list[int],
                max_new_tokens: int) -> GenerationResult:
-        from app.worker import EngineRun
+        return on_engine_thread(lambda: engine.generate(prompt_ids, max_new_tokens))
 
-        ended: list = []
-        run = EngineRun(lambda push, cancel: engine.generate(prompt_ids, max_new_tokens))
-        run.finished.connect(lambda result: ended.append(("result", result)))
-        run.failed.connect(lambda message: ended.append(("error", message)))
-        run.start()
-        wait_for((run.finished, run.failed), lambda: bool(ended))
-        kind, value = ended[0]
-        if kind == "error":
-            raise RuntimeError(f"the engine failed on its thread: {value}")
-        return value

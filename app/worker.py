@@ -6,7 +6,12 @@ whose pool of worker threads belongs to the thread that calls it; with a second 
 beside one that already decoded) libgomp has more threads than cores, and, as far as we can tell, its barriers
 (hundreds per token) stop spinning and sleep. Measured on two cores with the default pair (greedy, 64 tokens, one
 process per layout, 6 runs each, tools/thread_layouts.py): load and decode on one worker thread 12.99 tok/s median,
-decode on a second thread 12.1, on a fresh thread per run 11.85.
+decode on a second thread 12.1, on a fresh thread per run 11.85 (Xeon); on a Zen 3 EPYC, 2 x 3 runs, all on the main
+thread 16.8-18.6, all on a worker 17.3-19.3, on a worker after the main thread decoded 7.7-12.6. (libgomp's
+documentation of GOMP_SPINCOUNT: with more OpenMP threads than CPUs a waiting thread spins 100 times, 1000 with
+OMP_WAIT_POLICY=ACTIVE, where it would otherwise spin some 300,000 before sleeping.)
+So whatever else computes in this process (the bench beside the window, the screenshots) does so on this thread too:
+``on_engine_thread``.
 
 A job pushes immutable items (StepEvents and other frozen data) into a buffer; the GUI thread
 drains the buffer with a timer, at most ``FRAME_HZ`` times a second, and emits them as one ``frame``. So however fast
@@ -26,9 +31,9 @@ import atexit
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-from PySide6.QtCore import QCoreApplication, QObject, Qt, QThread, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, Qt, QThread, QTimer, Signal
 
 from core.backends.base import BackendError
 
@@ -46,6 +51,7 @@ MAX_FRAME_S = 0.5
 EXPECTED = (BackendError, ValueError, OSError, MemoryError)
 Push = Callable[[Any], None]
 Job = Callable[[Push, threading.Event], Any]   # job(push, cancel) -> result
+T = TypeVar("T")
 
 
 _engine_thread: QThread | None = None
@@ -94,6 +100,35 @@ class _Runner(QObject):
             # back to the GUI thread, which owns it and will delete it
             self.moveToThread(QCoreApplication.instance().thread())
             self.ended.set()
+
+
+def on_engine_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` run as a job on the engine thread, the GUI thread waiting in a local event loop until it ends; its
+    exception is raised here.
+
+    For what measures outside the chat (the bench's window surface, the screenshots' recorded runs): computing on the
+    GUI thread of a process whose engine thread has decoded leaves two OpenMP pools, and decoding slows by a third
+    or more (the module docstring)."""
+    out: list = []
+
+    def job(push: Push, cancel: threading.Event) -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as exc:   # handed back to the caller as it was raised
+            out.append((False, exc))
+
+    run = EngineRun(job)
+    loop = QEventLoop()
+    run.finished.connect(loop.quit)
+    run.failed.connect(loop.quit)   # only if the job could not even start
+    run.start()
+    loop.exec()
+    if not out:
+        raise RuntimeError("the engine thread did not run the job")
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
 
 
 def frame_interval(gui_cpu_s: float, min_s: float) -> float:

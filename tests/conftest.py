@@ -5,6 +5,7 @@ Offscreen Qt, an isolated data folder, the tiny model pair, the real window.
 from __future__ import annotations
 
 import os
+import threading
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,6 +33,21 @@ def data_dir(tmp_path, monkeypatch):
     folder = tmp_path / "data"
     monkeypatch.setenv("SPECLENS_DATA_DIR", str(folder))
     return folder
+
+
+@pytest.fixture
+def compute_threads(monkeypatch):
+    """The set of threads (idents) on which the tiny models compute, filled as they do. What measures in the app must
+    compute on one thread: llama.cpp's OpenMP threads belong to the thread that calls it, and a second caller slows
+    both (app.worker)."""
+    from core.backends.hf import HFBackend
+
+    seen: set[int] = set()
+    for name in ("prefill", "forward_tree"):
+        method = getattr(HFBackend, name)
+        monkeypatch.setattr(HFBackend, name, lambda self, *a, _m=method, **k: (
+            seen.add(threading.get_ident()), _m(self, *a, **k))[1])
+    return seen
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import gc
 import json
 import math
 import statistics
+import threading
 
 import pytest
 
@@ -106,7 +107,7 @@ def test_follow_up_sets_send_the_whole_conversation(tmp_path) -> None:
     assert bench.main(["--pair", "tiny", "--modes", "baseline", "--prompts", str(path), "--max-new-tokens", "4"]) == 0
 
 
-def test_the_window_surface_is_measured_beside_the_engine(tmp_path, prompt_file, capsys) -> None:
+def test_the_window_surface_is_measured_beside_the_engine(tmp_path, prompt_file, capsys, compute_threads) -> None:
     from app.cli import main as speclens
 
     out = tmp_path / "w.json"
@@ -120,6 +121,8 @@ def test_the_window_surface_is_measured_beside_the_engine(tmp_path, prompt_file,
     for mode in ("baseline", "chain:2"):
         assert report["summary"][mode]["window_over_engine"] > 0
     assert "window / engine" in out.with_suffix(".md").read_text()
+    # the bare engine, the window and the warm-up all on the app's engine thread
+    assert len(compute_threads) == 1 and threading.get_ident() not in compute_threads
 
 
 def test_bench_names_bad_input_before_running(tmp_path, prompt_file, capsys) -> None:

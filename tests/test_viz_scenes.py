@@ -1,15 +1,19 @@
 """`speclens screenshot` renders the visualisation scenes from real runs of the tiny pair."""
 from __future__ import annotations
 
+import threading
+
 from PySide6.QtGui import QImage
 
 from app.screenshots import main
 from app.viz.scenes import PANEL_SIZE, RACE_SIZE
 
 
-def test_viz_scenes_are_registered_and_rendered(qapp, data_dir, tmp_path):
+def test_viz_scenes_are_registered_and_rendered(qapp, data_dir, tmp_path, compute_threads):
     out = tmp_path / "shots"
     assert main(["--scene", "tree,plots,race", "--out", str(out), "--pair", "tiny"]) == 0
+    # recorded on the thread where the window loaded and warmed the pair, as the speeds they show must be
+    assert len(compute_threads) == 1 and threading.get_ident() not in compute_threads
     for name, size in (("tree", PANEL_SIZE), ("plots", PANEL_SIZE), ("race", RACE_SIZE)):
         image = QImage(str(out / f"{name}.png"))
         assert (image.width(), image.height()) == size, name

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QWidget
 from app.compare.compare_widget import CompareWidget
 from app.viz.panel import VizPanel
 from app.viz.tree_layout import explain_node
+from app.worker import on_engine_thread
 from core.auto import Auto, get_plan
 from core.drafting import Baseline, Chain, Tree
 from core.engine import SpeculativeEngine
@@ -30,10 +31,12 @@ RACE_SIZE = (1200, 760)
 
 
 def record(pair, strategy, sampling: SamplingParams, max_new_tokens: int, prompt: str = PROMPT) -> GenerationResult:
-    """Decode ``prompt`` (as a chat message) with ``strategy`` and return the whole run."""
+    """Decode ``prompt`` (as a chat message) with ``strategy`` and return the whole run; on the engine thread, where
+    the window loaded and warmed the pair (a second thread decoding slows llama.cpp: app.worker)."""
     target, draft = pair
     engine = SpeculativeEngine(target, None if isinstance(strategy, Baseline) else draft, strategy, sampling)
-    return engine.generate(engine.chat_ids([{"role": "user", "content": prompt}]), max_new_tokens)
+    ids = engine.chat_ids([{"role": "user", "content": prompt}])
+    return on_engine_thread(lambda: engine.generate(ids, max_new_tokens))
 
 
 _warmed: set[int] = set()
@@ -121,7 +124,7 @@ def scene_planner(ctx) -> QWidget:
     pair = ctx.window().session.backends
     warm_up(pair)
     greedy = SamplingParams(temperature=0.0)
-    plan = get_plan(pair[0], pair[1], greedy)
+    plan = on_engine_thread(lambda: get_plan(pair[0], pair[1], greedy))
     if plan.tree is None:
         raise ValueError("the planner found no tree to show: no draft token was accepted during calibration")
     strategy = Tree(plan.tree.parents, name=f"Sequoia({plan.tree.budget})")
@@ -143,7 +146,7 @@ def scene_learn(ctx) -> QWidget:
     residual behind the correction, the chain formula against the measured point, and the plan's c(n, d)."""
     pair = ctx.window().session.backends
     warm_up(pair)
-    plan = get_plan(pair[0], pair[1], SamplingParams(temperature=0.0))
+    plan = on_engine_thread(lambda: get_plan(pair[0], pair[1], SamplingParams(temperature=0.0)))
     if plan.tree is None:
         raise ValueError("the planner found no tree to explain: no draft token was accepted during calibration")
     strategy = Tree(plan.tree.parents, name=f"Sequoia({plan.tree.budget})")

@@ -121,12 +121,11 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
         memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
         strategies = scored(attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory),
                             sampling)
-        chosen = [EngineSurface()]
+        setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
+                           [EngineSurface()])
         if args.surface != "engine":
             extra = surfaces[args.surface](target, draft)
-            chosen = [extra.engine_surface(), extra]
-        setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
-                           chosen)
+            setup.surfaces, setup.call = [extra.engine_surface(), extra], extra.call
         runs = run_bench(setup, prompts, encoded, stderr_log)
     report = {"meta": _meta(args, target, draft, sampling, argv), "modes": modes, "runs": runs,
               "summary": summarise(runs, modes)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, TypeVar
 
 from core.auto import Auto
 from core.bench.modes import HF_ASSISTED, NATIVE
@@ -27,6 +27,7 @@ from core.memory import Memory
 from core.sampling import SamplingParams
 
 Log = Callable[[str], None]
+T = TypeVar("T")
 
 
 class Surface(Protocol):
@@ -41,9 +42,17 @@ class Surface(Protocol):
 
 class ComparedSurface(Surface, Protocol):
     """A surface other than the bare engine (``--surface``), which brings the bare engine it is compared with: the
-    window's decodes on the app's engine thread, so its reference must too (app.worker)."""
+    window decodes on the app's engine thread, so its reference must too (app.worker).
+
+    ``call(fn)`` runs ``fn()`` on that thread and returns what it returns: the bench computes nowhere else. llama.cpp's
+    OpenMP threads belong to the thread that calls it, and a second caller's pool leaves more threads than cores,
+    whose barriers then sleep: measured on two cores (tools/thread_layouts.py), decoding on a worker thread after
+    the main thread had decoded ran at 7.7-12.6 tok/s against 16.8-19.3 with every decode on one thread."""
 
     def engine_surface(self) -> Surface:
+        ...
+
+    def call(self, fn: Callable[[], T]) -> T:
         ...
 
 
@@ -57,6 +66,11 @@ class EngineSurface:
         return engine.generate(prompt_ids, max_new_tokens)
 
 
+def here(fn: Callable[[], T]) -> T:
+    """``fn()`` on this thread: where the bare engine decodes."""
+    return fn()
+
+
 @dataclass
 class BenchSetup:
     target: object
@@ -68,6 +82,7 @@ class BenchSetup:
     max_new_tokens: int
     repeat: int
     surfaces: Sequence[Surface]
+    call: Callable = here     # runs a computation where the surfaces decode (ComparedSurface.call)
 
 
 def attach_memory(strategies: dict, memory) -> dict:
@@ -124,7 +139,7 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
     modes = list(setup.strategies)
     engines = {m: SpeculativeEngine(setup.target, None if isinstance(s, Baseline) else setup.draft, s, setup.sampling)
                for m, s in setup.strategies.items() if s is not None}
-    _warm_up(setup, engines, encoded[0])
+    setup.call(lambda: _warm_up(setup, engines, encoded[0]))
     before = setup.memory.snapshot()
     runs: list[dict] = []
     for repeat in range(setup.repeat):
@@ -139,7 +154,7 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
                 for surface in (surfaces if i % 2 == 0 else list(reversed(surfaces))):
                     setup.memory.restore(start)
                     if mode in setup.runners:
-                        out = setup.runners[mode].run(ids, setup.max_new_tokens, setup.sampling)
+                        out = setup.call(lambda: setup.runners[mode].run(ids, setup.max_new_tokens, setup.sampling))
                         row = runner_row(out)
                     else:
                         _forget_prompts(setup)
@@ -183,7 +198,8 @@ def _memory_for(setup: BenchSetup, prompt: dict, ids: list[int], before, log: Lo
     setup.memory.restore(before)
     if not prompt["regenerate"]:
         return before
-    earlier = SpeculativeEngine(setup.target, None, Baseline(), setup.sampling).generate(ids, setup.max_new_tokens)
+    engine = SpeculativeEngine(setup.target, None, Baseline(), setup.sampling)
+    earlier = setup.call(lambda: engine.generate(ids, setup.max_new_tokens))
     setup.memory.add_answer(ids, earlier.tokens)
     log(f"  {prompt['set']}/{prompt['id']}: remembered an earlier answer of {len(earlier.tokens)} tokens")
     return setup.memory.snapshot()
