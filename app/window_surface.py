@@ -99,11 +99,10 @@ class WindowSurface:
 
 
 class EngineThreadSurface:
-    """The bare engine, run on the app's engine thread while the GUI thread waits, blocked."""
+    """The bare engine, run on the app's engine thread while the GUI thread only waits for it (in an event loop)."""
 
     name = "engine"
 
     def decode(self, engine: SpeculativeEngine, messages: list[dict], prompt_ids: list[int],
                max_new_tokens: int) -> GenerationResult:
         return on_engine_thread(lambda: engine.generate(prompt_ids, max_new_tokens))
-

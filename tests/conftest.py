@@ -43,10 +43,15 @@ def compute_threads(monkeypatch):
     from core.backends.hf import HFBackend
 
     seen: set[int] = set()
+
+    def recorded(method):
+        def computing(self, *args, **kwargs):
+            seen.add(threading.get_ident())
+            return method(self, *args, **kwargs)
+        return computing
+
     for name in ("prefill", "forward_tree"):
-        method = getattr(HFBackend, name)
-        monkeypatch.setattr(HFBackend, name, lambda self, *a, _m=method, **k: (
-            seen.add(threading.get_ident()), _m(self, *a, **k))[1])
+        monkeypatch.setattr(HFBackend, name, recorded(getattr(HFBackend, name)))
     return seen
 
 

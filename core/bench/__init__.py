@@ -23,7 +23,9 @@ from core.bench.modes import (
 )
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
-from core.bench.run import BenchSetup, ComparedSurface, EngineSurface, attach_memory, run_bench, stderr_log
+from core.bench.run import (
+    BenchSetup, ComparedSurface, EngineSurface, attach_memory, here, run_bench, stderr_log,
+)
 from core.bench.runners import HFAssisted, NativeRunner
 from core.bench.same_drafts import scored
 from core.cli_args import add_pair_arguments, open_pair
@@ -121,11 +123,12 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
         memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
         strategies = scored(attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory),
                             sampling)
-        setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
-                           [EngineSurface()])
+        chosen, call = [EngineSurface()], here
         if args.surface != "engine":
             extra = surfaces[args.surface](target, draft)
-            setup.surfaces, setup.call = [extra.engine_surface(), extra], extra.call
+            chosen, call = [extra.engine_surface(), extra], extra.call
+        setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
+                           chosen, call)
         runs = run_bench(setup, prompts, encoded, stderr_log)
     report = {"meta": _meta(args, target, draft, sampling, argv), "modes": modes, "runs": runs,
               "summary": summarise(runs, modes)}

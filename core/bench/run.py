@@ -209,5 +209,5 @@ def stderr_log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-__all__ = ["BenchSetup", "EngineSurface", "HF_ASSISTED", "NATIVE", "Surface", "attach_memory", "run_bench",
+__all__ = ["BenchSetup", "EngineSurface", "HF_ASSISTED", "NATIVE", "Surface", "attach_memory", "here", "run_bench",
            "stderr_log"]
