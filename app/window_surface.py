@@ -61,6 +61,12 @@ class WindowSurface:
     def call(self, fn: Callable[[], T]) -> T:
         return on_engine_thread(fn)
 
+    def close(self) -> None:
+        """Close the window and drop its throwaway history. An open window outlives the run otherwise: in a process
+        that goes on (the app's tests), it keeps the next ``app.exec()`` from returning."""
+        self.window.close()
+        self._folder.cleanup()
+
     def decode(self, engine: SpeculativeEngine, messages: list[dict], prompt_ids: list[int],
                max_new_tokens: int) -> GenerationResult:
         session = self.window.session

@@ -123,6 +123,11 @@ def test_the_window_surface_is_measured_beside_the_engine(tmp_path, prompt_file,
     assert "window / engine" in out.with_suffix(".md").read_text()
     # the bare engine, the window and the warm-up all on the app's engine thread
     assert len(compute_threads) == 1 and threading.get_ident() not in compute_threads
+    # and the window is gone: left open, it would keep a later app.exec() in this process from returning
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+    assert not [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]
 
 
 def test_bench_names_bad_input_before_running(tmp_path, prompt_file, capsys) -> None:

@@ -123,13 +123,17 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
         memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
         strategies = scored(attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory),
                             sampling)
-        chosen, call = [EngineSurface()], here
+        chosen, call, extra = [EngineSurface()], here, None
         if args.surface != "engine":
             extra = surfaces[args.surface](target, draft)
             chosen, call = [extra.engine_surface(), extra], extra.call
         setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
                            chosen, call)
-        runs = run_bench(setup, prompts, encoded, stderr_log)
+        try:
+            runs = run_bench(setup, prompts, encoded, stderr_log)
+        finally:
+            if extra is not None:
+                extra.close()
     report = {"meta": _meta(args, target, draft, sampling, argv), "modes": modes, "runs": runs,
               "summary": summarise(runs, modes)}
     table = markdown(report)

@@ -55,6 +55,9 @@ class ComparedSurface(Surface, Protocol):
     def call(self, fn: Callable[[], T]) -> T:
         ...
 
+    def close(self) -> None:
+        """Called once the run is over."""
+
 
 class EngineSurface:
     """The bare engine, as a script would call it."""
