@@ -44,14 +44,11 @@ def measure(target, draft, rounds: int):
 
 def auto_over_native(path: Path) -> dict[str, float]:
     """Per prompt, the median over repeats of Auto's decode speed over native's in a bench JSON."""
+    from core.bench.modes import NATIVE
+    from core.bench.report import ratios
+
     runs = json.loads(path.read_text())["runs"]
-    speed = {(r["mode"], r["prompt_id"], r["repeat"]): r["decode_tokens_per_s"] for r in runs
-             if r.get("surface", "engine") == "engine"}
-    ratios: dict[str, list[float]] = {}
-    for (mode, prompt, repeat), s in speed.items():
-        if mode == "auto" and ("native", prompt, repeat) in speed:
-            ratios.setdefault(prompt, []).append(s / speed["native", prompt, repeat])
-    return {p: statistics.median(v) for p, v in ratios.items()}
+    return {prompt: statistics.median(v) for (_, prompt), v in ratios(runs, "auto", NATIVE).items()}
 
 
 COLUMNS = ("copies", "copies_64", "with_model", "auto_over_native")
@@ -61,11 +58,6 @@ def line(v: dict) -> str:
     auto = f", Auto / native {v['auto_over_native']:.2f}x" if v["auto_over_native"] else ""
     return (f"ceiling: copies {v['copies']:.2f}x (calls of 64: {v['copies_64']:.2f}x), with a perfect draft model "
             f"{v['with_model']:.2f}x{auto}")
-
-
-def geomean(values) -> float | None:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from core.backends.llamacpp import LlamaCppBackend
     from core.bench.ceiling import ceiling, copy_lengths
+    from core.bench.report import geomean
     from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
     from core.drafting import Baseline
     from core.engine import SpeculativeEngine
@@ -112,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"copied in {len(steps)} steps", flush=True)
     groups = {s: [r for r in rows if r["set"] == s] for s in dict.fromkeys(r["set"] for r in rows)}
     groups["all four sets"] = rows
-    sets = {s: {key: geomean(r[key] for r in mine if r[key]) for key in COLUMNS} for s, mine in groups.items()}
+    sets = {s: {key: geomean([r[key] or 0.0 for r in mine]) for key in COLUMNS} for s, mine in groups.items()}
     for s, v in sets.items():
         print(f"{s:35s} {line(v)}", flush=True)
     if args.json:
