@@ -45,6 +45,8 @@ class MainWindow(QMainWindow):
         self.dialogs: list[QMessageBox] = []
         self.race = None
         self._status_at = 0.0
+        self._waiting_to_close = False   # the history file is locked: closing once it is written
+        self._discard_unsaved = False
         self.setWindowTitle("SpecLens")
         self.resize(1440, 880)
         self._build()
@@ -381,10 +383,36 @@ class MainWindow(QMainWindow):
 
     # ----------------------------------------------------------------- closing
     def closeEvent(self, event) -> None:
-        """End cleanly: stop the answer and any load (waiting briefly for their threads), write the history."""
+        """End cleanly: stop the answer and any load (waiting briefly for their threads), write the history. If
+        another program holds the history file, say so and close by itself once everything is written (or at once,
+        if the user chooses to lose the changes)."""
         if self.race is not None:
             self.race.close()
         for box in list(self.dialogs):
             box.close()
-        self.session.close()
-        super().closeEvent(event)
+        if self.session.close() or self._discard_unsaved:
+            super().closeEvent(event)
+            return
+        event.ignore()
+        self._close_once_saved()
+
+    def _close_once_saved(self) -> None:
+        writer = self.session.writer
+        if self._waiting_to_close:
+            return
+        self._waiting_to_close = True
+        box = QMessageBox(QMessageBox.Icon.Warning, "Chat history",
+                          f"{writer.pending} change(s) to the chat history are not saved yet: another program holds "
+                          f"{self.session.store.path}. SpecLens closes by itself as soon as they are written.",
+                          QMessageBox.StandardButton.NoButton, self)
+        box.addButton("Wait, then close", QMessageBox.ButtonRole.AcceptRole)
+        discard = box.addButton("Close without saving them", QMessageBox.ButtonRole.DestructiveRole)
+        box.buttonClicked.connect(lambda button: self._discard_and_close() if button is discard else None)
+        writer.saved.connect(self.close)
+        self.dialogs.append(box)
+        box.open()
+        self.message_shown.emit(box.windowTitle(), box.text())
+
+    def _discard_and_close(self) -> None:
+        self._discard_unsaved = True
+        self.close()

@@ -61,7 +61,10 @@ class ModelHost(QObject):
             self.strategy = settings.build_strategy()
             sampling = settings.sampling()
         except (SettingsError, SamplingError) as exc:
+            # the models are ready all the same: a send is refused with this reason until the settings are fixed
             self.error.emit("Settings", f"Cannot generate with these settings: {exc}")
+            self.warming_run = None
+            self._warmed(None)
             return
         run = EngineRun(warm_job(self.backends, self.strategy, sampling), self)
         run.frame.connect(lambda items: self._progress(items, LOAD_SHARE, 1.0))
@@ -102,7 +105,7 @@ class ModelHost(QObject):
         if not run.cancel_event.is_set():
             self.failed.emit(f"Could not load the {choice.label} model pair: {message}")
 
-    def _warmed(self, run: EngineRun) -> None:
+    def _warmed(self, run: EngineRun | None) -> None:
         if run is not self.warming_run or self._closed:
             return
         self.warming_run = None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from app.chat.history import Conversation, HistoryError, HistoryReadOnlyError, HistoryStore, Message, storable
+from app.chat.history import Conversation, HistoryError, HistoryStore, Message, storable
 from app.chat.origins import origin_codes
 from app.chat.stats import stats_record
 from app.history_writer import HistoryWriter
@@ -23,12 +23,16 @@ from app.worker import EngineRun
 from core.context import fit_chat
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult, StepEvent, StopReason
-from core.sampling import SamplingError
 
 log = logging.getLogger(__name__)
 
 TITLE_CHARS = 48
 CLOSE_WAIT_MS = 2500   # a prefill chunk or a step ends well within this, so closing never hangs
+# how long reading the history (opening a chat, exporting) waits for this window's own queued writes: they take
+# milliseconds unless another program holds the file, and the window must not freeze meanwhile
+READ_WAIT_S = 0.1
+HISTORY_BUSY = ("The chat history is still saving (another program holds the file); try again in a moment — "
+                "nothing is lost")
 BUSY_REASON = "Cannot do this while the model is generating: press Stop (Esc) first"
 
 
@@ -95,12 +99,14 @@ class ChatSession(QObject):
         self._queued_send: tuple[str, Message | None] | None = None
         self._starts: dict[int, int] = {}      # conversation id -> first message kept in the prompt (sticky)
         self._closed = False
-        self._unsaved = 0                      # ids (negative) of conversations a read-only history cannot hold
+        self._unsaved = 0                      # negative ids of conversations not (yet) in the history file
         self.writer = HistoryWriter(store, self)
         self.writer.failed.connect(self.error)
         self.writer.status.connect(self.status)
         self.writer.deleted_elsewhere.connect(self._deleted_elsewhere)
         self.writer.reopened.connect(self._history_reopened)
+        self.writer.created.connect(self._conversation_saved)
+        self.writer.listed.connect(self.refresh_conversations)
 
     # -- models ------------------------------------------------------------------------------------------------
     @property
@@ -139,7 +145,8 @@ class ChatSession(QObject):
         if self._queued_send is not None:
             text, replacing = self._queued_send
             self._queued_send = None
-            self.send(text, replacing)
+            if not self.send(text, replacing):
+                self.input_returned.emit(text)
 
     # -- settings ----------------------------------------------------------------------------------------------
     def apply_settings(self, new: AppSettings) -> None:
@@ -183,7 +190,9 @@ class ChatSession(QObject):
         if self.busy:
             self.status.emit(BUSY_REASON)
             return False
-        self.writer.flush()
+        if not self.writer.wait(READ_WAIT_S):
+            self.status.emit(HISTORY_BUSY)
+            return False
         try:
             self.conv = self.store.conversation(conversation_id)
         except HistoryError as exc:
@@ -194,25 +203,25 @@ class ChatSession(QObject):
         return True
 
     def rename(self, conversation_id: int, title: str) -> None:
-        self.writer.run("the new title", lambda: self.store.rename(conversation_id, storable(title)))
+        self.writer.run("the new title", lambda store: store.rename(conversation_id, storable(title)), listed=True)
         if self.conv is not None and self.conv.id == conversation_id:
             self.conv.title = title
-        self.refresh_conversations()
 
     def delete(self, conversation_id: int) -> bool:
         """Delete a conversation and its messages (not the one being answered)."""
         if self.busy and self.conv is not None and self.conv.id == conversation_id:
             self.status.emit(BUSY_REASON)
             return False
-        self.writer.run("the deletion", lambda: self.store.delete(conversation_id))
+        self.writer.run("the deletion", lambda store: store.delete(conversation_id), listed=True)
         if self.conv is not None and self.conv.id == conversation_id:
             self.conv = None
             self.conversation_opened.emit(None)
-        self.refresh_conversations()
         return True
 
     def export(self, conversation_id: int, fmt: str, path: Path) -> bool:
-        self.writer.flush()
+        if not self.writer.wait(READ_WAIT_S):
+            self.status.emit(HISTORY_BUSY)
+            return False
         try:
             (self.store.export_json if fmt == "json" else self.store.export_markdown)(conversation_id, Path(path))
         except (OSError, HistoryError) as exc:
@@ -223,9 +232,9 @@ class ChatSession(QObject):
 
     def set_system_prompt(self, text: str) -> None:
         if self.conv is not None and text != self.conv.system_prompt:
-            self.conv.system_prompt = text
-            cid = self.conv.id
-            self.writer.run("the system prompt", lambda: self.store.set_system_prompt(cid, storable(text)))
+            conv = self.conv
+            conv.system_prompt = text
+            self.writer.run("the system prompt", lambda store: store.set_system_prompt(conv.id, storable(text)))
 
     def _deleted_elsewhere(self) -> None:
         if self.conv is not None:
@@ -233,10 +242,23 @@ class ChatSession(QObject):
                                             "its messages stay on screen until you switch chats, but no longer save.")
         self.refresh_conversations()
 
-    def _history_reopened(self, store: HistoryStore) -> None:
+    def _history_reopened(self) -> None:
+        """Another window replaced the file with a repaired one: read the new file too."""
+        try:
+            store = HistoryStore(self.store.path)
+        except HistoryError as exc:
+            self.error.emit("Chat history", f"Could not reopen the chat history: {exc}")
+            return
+        self.store.close()
         self.store = store
         if store.notice:
             self.error.emit("Chat history", store.notice)
+        self.refresh_conversations()
+
+    def _conversation_saved(self, conv: Conversation, placeholder: int) -> None:
+        """A new chat reached the history file: it now has its stored id, and a place in the list."""
+        if placeholder in self._starts:
+            self._starts[conv.id] = self._starts.pop(placeholder)
         self.refresh_conversations()
 
     # -- sending -----------------------------------------------------------------------------------------------
@@ -252,14 +274,14 @@ class ChatSession(QObject):
         if self.backends is None:
             self.status.emit("The models are not loaded yet")
             return False
+        if not self._can_generate():
+            return False
         if not self.is_warm:
             self._queued_send = (text, replacing)
             self.status.emit("Warming up the models: your message is sent as soon as they are ready")
             return True
         if self.conv is None:
-            if not self._new_conversation(text, storable(system_prompt or "")):
-                self.input_returned.emit(text)
-                return False
+            self._new_conversation(text, storable(system_prompt or ""))
         if replacing is not None:
             self._truncate_from(replacing)
         question = Message("user", text)
@@ -267,53 +289,53 @@ class ChatSession(QObject):
         self.refresh_conversations()
         return self._start_answer(question)
 
-    def _new_conversation(self, text: str, system_prompt: str) -> bool:
+    def _new_conversation(self, text: str, system_prompt: str) -> None:
+        """A new chat, at once in the window; in the history file once the writer gets to it (a read-only history
+        never holds it: the chat lives in the window only, and the writer says so once)."""
         first_line = text.strip().splitlines()[0]
         title = first_line[:TITLE_CHARS] + ("…" if len(first_line) > TITLE_CHARS else "")
-        if self.store.read_only:
-            # a read-only history still chats: the conversation lives in the window only (the writer says so once)
-            self._unsaved -= 1
-            self.conv = Conversation(self._unsaved, title, system_prompt)
-        else:
-            try:
-                self.conv = self.store.conversation(self.store.create_conversation(title, system_prompt))
-            except HistoryReadOnlyError:   # found out only now: the store is read-only from here on
-                return self._new_conversation(text, system_prompt)
-            except HistoryError as exc:
-                self.error.emit("Chat history", f"Could not start a conversation: {exc}")
-                return False
+        self._unsaved -= 1
+        self.conv = Conversation(self._unsaved, title, system_prompt)
+        self.writer.create(self.conv)
         self.conversation_opened.emit(self.conv)
-        return True
 
     def regenerate(self) -> bool:
         """Replace the last answer with a new one."""
         if self.busy or self.conv is None or self.backends is None or not self.is_warm:
             return False
-        if not self.conv.messages or self.conv.messages[-1].role != "assistant":
+        if not self.conv.messages or self.conv.messages[-1].role != "assistant" or not self._can_generate():
             return False
         self._truncate_from(self.conv.messages[-1])
         return self._start_answer(self.conv.messages[-1])
 
     def _append(self, message: Message) -> None:
-        self.conv.messages.append(message)
-        cid = self.conv.id
-        self.writer.run("the message", lambda: self.store.add_message(cid, message))
+        conv = self.conv
+        conv.messages.append(message)
+        self.writer.run("the message", lambda store: store.add_message(conv.id, message))
         self.message_added.emit(message)
 
     def _truncate_from(self, message: Message) -> None:
-        index = next(i for i, m in enumerate(self.conv.messages) if m is message)
-        del self.conv.messages[index:]
-        cid = self.conv.id
-        if message.id is not None:
-            self.writer.run("the edit", lambda: self.store.delete_messages_from(cid, message.id))
+        conv = self.conv
+        index = next(i for i, m in enumerate(conv.messages) if m is message)
+        del conv.messages[index:]
+
+        def write(store: HistoryStore) -> None:
+            if message.id is not None:   # None: its own write failed, so there is nothing to delete
+                store.delete_messages_from(conv.id, message.id)
+
+        self.writer.run("the edit", write)
         self.messages_removed.emit(index)
 
+    def _can_generate(self) -> bool:
+        """Whether the settings can generate; if not, the user is told why (and what was typed stays typed)."""
+        problems = self.settings.problems()
+        if problems:
+            self.error.emit("Settings", f"Cannot generate with these settings: {problems[0][1]}. Nothing was sent: "
+                                        "fix the setting (Settings, Ctrl+,) and send again.")
+        return not problems
+
     def _start_answer(self, question: Message) -> bool:
-        try:
-            sampling = self.settings.sampling()
-        except SamplingError as exc:
-            self.error.emit("Settings", f"Cannot generate with these settings: {exc}")
-            return False
+        sampling = self.settings.sampling()
         target, draft = self.backends
         conv = self.conv
         messages = [{"role": m.role, "content": m.content} for m in conv.messages]
@@ -417,9 +439,13 @@ class ChatSession(QObject):
         self.answer_finished.emit(answer.message, result)
 
     # -- closing -----------------------------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, save_wait_s: float = CLOSE_WAIT_MS / 1000) -> bool:
         """End cleanly: stop the answer (saved as incomplete) and any load, wait for the threads briefly, write
-        everything, close the history."""
+        everything (waiting up to ``save_wait_s``), close the history. False when writes are still waiting for a lock
+        another program holds: they are written if the process lives until the writer's ``saved``, lost if it ends
+        first (the window asks the user which). Calling it again only waits for the writes again."""
+        if self._closed:
+            return self.writer.close(save_wait_s)
         answer = self.answer
         self.stop(wait=True)
         if answer is not None and self.answer is answer:
@@ -432,8 +458,8 @@ class ChatSession(QObject):
         self.models.close(CLOSE_WAIT_MS)
         if answer is not None:
             answer.run.wait()   # a thread must not outlive its QThread object
-        self.writer.flush()
         self.store.close()
+        return self.writer.close(save_wait_s)
 
 
 def _decoding(settings: AppSettings) -> tuple:

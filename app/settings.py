@@ -17,7 +17,7 @@ from core.drafting import Baseline, Chain, MultiDraft, Tree
 from core.memory import Memory
 from core.models import BACKENDS, PAIRS
 from core.ngram import NGram
-from core.sampling import SamplingParams
+from core.sampling import SamplingError, SamplingParams
 
 REGISTRY_PAIRS = tuple(PAIRS)
 CUSTOM_PAIR = "custom"
@@ -71,12 +71,14 @@ class PairChoice:
 
 @dataclass(frozen=True)
 class StrategyOption:
-    """One entry of the strategy menu: a key stored in the settings, a label, and what builds it."""
+    """One entry of the strategy menu: a key stored in the settings, a label, what builds it, and the settings it
+    reads."""
 
     key: str
     label: str
     build: Callable[["AppSettings"], object]
     help: str
+    fields: tuple[str, ...] = ()
 
 
 def parse_branching(text: str) -> tuple[int, ...]:
@@ -124,19 +126,31 @@ def strategy_options() -> list[StrategyOption]:
         StrategyOption("baseline", "Baseline (target alone)", lambda s: Baseline(),
                        "The target model alone, one token per call: the reference speed."),
         StrategyOption("chain", "Chain", lambda s: Chain(s.chain_k),
-                       "The draft proposes k tokens in a row; the target checks them in one call."),
+                       "The draft proposes k tokens in a row; the target checks them in one call.", ("chain_k",)),
         StrategyOption("multidraft", "MultiDraft", lambda s: MultiDraft(s.multi_k, s.multi_length),
-                       "k independent draft sequences verified together as one tree (SpecTr)."),
+                       "k independent draft sequences verified together as one tree (SpecTr).",
+                       ("multi_k", "multi_length")),
         StrategyOption("tree", "Tree (static shape)", _tree,
-                       "A fixed tree: children per node at each level, e.g. 2,2,1 (SpecInfer-style)."),
+                       "A fixed tree: children per node at each level, e.g. 2,2,1 (SpecInfer-style).",
+                       ("tree_branching",)),
         StrategyOption("sequoia", "Tree / Sequoia", _sequoia,
-                       "The best tree for a node budget and depth (Sequoia dynamic program)."),
+                       "The best tree for a node budget and depth (Sequoia dynamic program).",
+                       ("tree_budget", "tree_depth")),
         StrategyOption("memory", "Memory", lambda s: Memory(s.ngram_k),
                        "Drafts the continuation of earlier text that matches the latest tokens: this chat, earlier "
-                       "chats and earlier answers (no draft model)."),
+                       "chats and earlier answers (no draft model).", ("ngram_k",)),
         StrategyOption("ngram", "N-gram lookup", lambda s: NGram(k=s.ngram_k),
-                       "Copies up to k tokens from earlier text when the last tokens match (no draft model)."),
+                       "Copies up to k tokens from earlier text when the last tokens match (no draft model).",
+                       ("ngram_k",)),
     ]
+
+
+# The whole numbers a setting may hold: what the settings dialog offers, and all a saved settings.ini may say
+RANGES = {"chain_k": (1, 64), "multi_k": (1, 32), "multi_length": (1, 32), "ngram_k": (1, 64),
+          "tree_budget": (2, 128), "tree_depth": (1, 32), "top_k": (0, 1_000_000), "seed": (-1, 2**31 - 1),
+          "max_new_tokens": (1, 32768), "min_new_tokens": (0, 32768)}
+# the sampling settings SamplingParams checks itself, by the name it gives them
+SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p"}
 
 
 @dataclass(frozen=True)
@@ -161,6 +175,7 @@ class AppSettings:
     top_p: float = 1.0
     seed: int = -1                 # -1: a fresh random seed for every answer
     max_new_tokens: int = 512
+    min_new_tokens: int = 0        # end-of-text is barred before this many tokens (0: off)
     theme: str = "light"
     color_origins: bool = True
 
@@ -179,7 +194,49 @@ class AppSettings:
     def sampling(self) -> SamplingParams:
         """The sampling parameters; raises core.sampling.SamplingError on a bad value."""
         return SamplingParams(temperature=float(self.temperature), top_k=int(self.top_k), top_p=float(self.top_p),
-                              seed=None if self.seed < 0 else int(self.seed))
+                              seed=None if self.seed < 0 else int(self.seed), min_tokens=int(self.min_new_tokens))
+
+    def problems(self) -> list[tuple[tuple[str, ...], str]]:
+        """Every reason these settings cannot generate: (the fields at fault, what is wrong, naming their values), none
+        when they can.
+
+        Every strategy on offer is checked, not only the chosen one, so that none can fail later on a switch."""
+        found: list[tuple[tuple[str, ...], str]] = []
+        for name, (lo, hi) in RANGES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                found.append(((name,), f"{name} must be a whole number from {lo} to {hi}, not {value!r}"))
+        for name, param in SAMPLING_FIELDS.items():
+            try:
+                SamplingParams(**{param: getattr(self, name)})
+            except SamplingError as exc:
+                found.append(((name,), str(exc)))
+        for option in strategy_options():
+            if all(f not in fields for fields, _ in found for f in option.fields):
+                try:
+                    option.build(self)
+                except (SettingsError, ValueError, TypeError) as exc:
+                    found.append((option.fields, f"{option.label}: {exc}"))
+        if self.strategy not in {o.key for o in strategy_options()}:
+            found.append((("strategy",), f"unknown strategy {self.strategy!r}"))
+        try:
+            self.pair_choice()
+        except SettingsError as exc:
+            found.append((("pair", "backend"), str(exc)))
+        return [(names, ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + f": {reason}")
+                for names, reason in found]
+
+    def usable(self, where: str = "") -> tuple["AppSettings", list[str]]:
+        """These settings with every field at fault back at its default, and a notice naming each bad value (and
+        ``where`` it was read)."""
+        notices = []
+        settings = self
+        for names, problem in self.problems():
+            defaults = {n: getattr(AppSettings, n) for n in names}
+            good = ", ".join(f"{n}={v!r}" for n, v in defaults.items())
+            notices.append(f"A saved setting{where} cannot generate: {problem}. Using {good} instead.")
+            settings = replace(settings, **defaults)
+        return settings, notices
 
     def strategy_option(self) -> StrategyOption:
         options = {o.key: o for o in strategy_options()}
@@ -228,7 +285,8 @@ def read_settings(**overrides) -> tuple[AppSettings, list[str]]:
             notices.append(f"The saved setting {f.name}={raw!r} in {store.fileName()} is not usable ({exc}); "
                            f"using {default!r}.")
     settings = replace(AppSettings(**values), **{k: v for k, v in overrides.items() if v is not None})
-    return settings, notices
+    settings, unusable = settings.usable(f" in {store.fileName()}")
+    return settings, notices + unusable
 
 
 def load_settings(**overrides) -> AppSettings:

@@ -1,7 +1,7 @@
 """The settings dialog: model pair, backend, device, strategy, sampling (with a help line per control), theme.
 
-Values are checked by the objects they build (SamplingParams, the strategy, the pair choice), so the rules live in
-one place; a bad value is shown in the dialog, which stays open.
+Values are checked by ``AppSettings.problems`` (through the objects they build: SamplingParams, every strategy, the pair
+choice), so the rules live in one place; a bad value is shown in the dialog, which stays open.
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton,
                                QSpinBox, QStackedWidget, QVBoxLayout, QWidget)
 
-from app.settings import (BACKENDS, CUSTOM_PAIR, REGISTRY_PAIRS, AppSettings, SettingsError, available_devices,
+from app.settings import (BACKENDS, CUSTOM_PAIR, RANGES, REGISTRY_PAIRS, AppSettings, available_devices,
                           strategy_options)
 from app.theme import THEMES
 from core.models import PAIRS
-from core.sampling import MAX_TEMPERATURE, SamplingError
+from core.sampling import MAX_TEMPERATURE
 
 PAIR_LABELS = {"default": "Default: Qwen2.5-Coder 1.5B + 0.5B", "tiny": "Tiny random pair (tests, demos)",
                CUSTOM_PAIR: "Custom: choose two models…"}
@@ -28,9 +28,10 @@ def _help(text: str) -> QLabel:
     return label
 
 
-def _spin(lo: int, hi: int, value: int, special: str = "") -> QSpinBox:
+def _spin(name: str, value: int, special: str = "") -> QSpinBox:
+    """A spin box over the range the setting ``name`` may hold."""
     box = QSpinBox()
-    box.setRange(lo, hi)
+    box.setRange(*RANGES[name])
     box.setValue(value)
     if special:
         box.setSpecialValueText(special)
@@ -149,13 +150,13 @@ class SettingsDialog(QDialog):
         self.strategy_help = _help("")
         layout.addWidget(self.strategy_help)
 
-        self.chain_k = _spin(1, 64, s.chain_k)
-        self.multi_k = _spin(1, 32, s.multi_k)
-        self.multi_length = _spin(1, 32, s.multi_length)
-        self.ngram_k = _spin(1, 64, s.ngram_k)
+        self.chain_k = _spin("chain_k", s.chain_k)
+        self.multi_k = _spin("multi_k", s.multi_k)
+        self.multi_length = _spin("multi_length", s.multi_length)
+        self.ngram_k = _spin("ngram_k", s.ngram_k)
         self.tree_branching = QLineEdit(s.tree_branching)
-        self.tree_budget = _spin(2, 128, s.tree_budget)
-        self.tree_depth = _spin(1, 32, s.tree_depth)
+        self.tree_budget = _spin("tree_budget", s.tree_budget)
+        self.tree_depth = _spin("tree_depth", s.tree_depth)
         pages = {
             "chain": [("Draft length k", self.chain_k,
                        "Tokens drafted per step; longer pays only when most are kept.")],
@@ -187,16 +188,19 @@ class SettingsDialog(QDialog):
         box = QGroupBox("Sampling")
         form = QFormLayout(box)
         self.temperature = _dspin(0.0, MAX_TEMPERATURE, 0.1, 2, s.temperature)
-        self.top_k = _spin(0, 1_000_000, s.top_k, "off")
+        self.top_k = _spin("top_k", s.top_k, "off")
         self.top_p = _dspin(0.0, 1.0, 0.05, 3, s.top_p)
-        self.seed = _spin(-1, 2**31 - 1, s.seed, "random")
-        self.max_new = _spin(1, 32768, s.max_new_tokens)
+        self.seed = _spin("seed", s.seed, "random")
+        self.max_new = _spin("max_new_tokens", s.max_new_tokens)
+        self.min_new = _spin("min_new_tokens", s.min_new_tokens, "off")
         rows = [
             ("Temperature", self.temperature, "0 is greedy (the same answer every time); higher is more varied."),
             ("Top-k", self.top_k, "Sample only among the k most likely tokens (off: all tokens)."),
             ("Top-p", self.top_p, "Sample from the fewest tokens whose probabilities add up to p (1: off)."),
             ("Seed", self.seed, "Repeats a sampled answer exactly (random: new draws each time)."),
             ("Max new tokens", self.max_new, "The answer stops after this many tokens."),
+            ("Min new tokens", self.min_new, "End-of-text is barred before this many tokens: answers of a known "
+             "length, for timing (off: the model ends when it likes)."),
         ]
         for label, widget, help_text in rows:
             form.addRow(label, widget)
@@ -237,19 +241,16 @@ class SettingsDialog(QDialog):
             ngram_k=self.ngram_k.value(), tree_branching=self.tree_branching.text().strip(),
             tree_budget=self.tree_budget.value(), tree_depth=self.tree_depth.value(),
             temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
-            seed=self.seed.value(), max_new_tokens=self.max_new.value(),
+            seed=self.seed.value(), max_new_tokens=self.max_new.value(), min_new_tokens=self.min_new.value(),
             theme=self.theme_combo.currentText(), color_origins=self.origins_check.isChecked(),
         )
 
     def check(self) -> AppSettings | None:
         """The entered settings if they are valid; otherwise None, with the problem shown in the dialog."""
         settings = self.values()
-        try:
-            settings.sampling()
-            settings.build_strategy()
-            settings.pair_choice()
-        except (SamplingError, SettingsError) as exc:
-            self.error_label.setText(str(exc))
+        problems = settings.problems()
+        if problems:
+            self.error_label.setText(problems[0][1])
             self.error_label.setVisible(True)
             return None
         self.error_label.setVisible(False)

@@ -18,7 +18,7 @@ from core.backends.base import (Backend, Cancelled, ContextLengthError, Progress
 from core.drafting import Baseline, Drafter, Strategy, Verifier
 from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
 from core.record import GenerationRecord, Seen
-from core.sampling import Rng, SamplingParams, greedy_token, logits_to_probs, top2_margin
+from core.sampling import Rng, SamplingParams, greedy_token, logits_to_probs, top2_margin, without_tokens
 from core.tree import TokenTree
 from core.verify import Verdict, verify_greedy, verify_tree
 
@@ -86,7 +86,7 @@ class SpeculativeEngine:
             t0 = time.perf_counter()
             tree = self._draft(drafter, record, max_new_tokens)
             t1 = time.perf_counter()
-            verdict, seen, target_seconds = self._verify(tree, record.tokens, rng, rule)
+            verdict, seen, target_seconds = self._verify(tree, record, rng, rule)
             if drafter is not None:
                 drafter.feedback(tree, verdict)
             t2 = time.perf_counter()
@@ -148,7 +148,8 @@ class SpeculativeEngine:
             tree = tree.truncated(max_nodes=nodes, max_depth=depth)
         return tree
 
-    def _verify(self, tree: TokenTree, tokens: list[int], rng: Rng, rule: Verifier) -> tuple[Verdict, Seen, float]:
+    def _verify(self, tree: TokenTree, record: GenerationRecord, rng: Rng,
+                rule: Verifier) -> tuple[Verdict, Seen, float]:
         """One target call on the uncached tokens plus the tree, then verification (``rule``, the drafter's) and the
         target's commit.
 
@@ -156,16 +157,21 @@ class SpeculativeEngine:
         Greedy decoding takes argmaxes straight from the logits rows; sampling processes only the rows reached.
         """
         target = self.target
-        pending = tokens[len(target.committed):]
+        pending = record.tokens[len(target.committed):]
         t0 = time.perf_counter()
         logits = target.forward_tree(tree.attached_below(pending))
         target_seconds = time.perf_counter() - t0
         root_row = len(pending) - 1
+        eos = target.eos_ids
+        # the row below node u (the root: depth 0) picks new token number len(new) + depth(u); end-of-text is barred
+        # from those before min_tokens
+        barred = self.sampling.min_tokens - len(record.new) if eos else 0
 
         def row(u: int) -> torch.Tensor:
-            return logits[root_row if u < 0 else root_row + 1 + u]
+            depth = 0 if u < 0 else tree.depths[u]
+            logits_row = logits[root_row if u < 0 else root_row + 1 + u]
+            return without_tokens(logits_row, eos) if depth < barred else logits_row
 
-        eos = target.eos_ids
         if self.sampling.greedy:
             verdict = verify_greedy(tree, lambda u: greedy_token(row(u)), eos)
             seen = self._greedy_seen(tree, verdict, row)

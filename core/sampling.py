@@ -21,12 +21,19 @@ class SamplingError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Temperature 0 means greedy (argmax, ties to the lowest token id). top_k 0 and top_p 1.0 disable those filters."""
+    """Temperature 0 means greedy (argmax, ties to the lowest token id). top_k 0 and top_p 1.0 disable those filters.
+
+    ``min_tokens``: end-of-text is kept out of the first ``min_tokens`` new tokens (its logits are -inf there, before
+    temperature and the filters), as vLLM's ``min_tokens`` and llama.cpp's ``ignore_eos`` do: an answer of a known
+    length for benchmarks and tests, whatever a model would say. The target's distribution is then that masked one,
+    and speculative decoding keeps it exactly (the mask is part of the target's processing, like top-p).
+    """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -41,10 +48,20 @@ class SamplingParams:
             raise SamplingError(f"top_p must be in (0, 1], got {p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise SamplingError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+        m = self.min_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise SamplingError(f"min_tokens must be an integer >= 0 (0: end-of-text allowed at once), got {m!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def without_tokens(logits: torch.Tensor, ids) -> torch.Tensor:
+    """A copy of a row of logits in which ``ids`` can never be chosen (-inf)."""
+    out = logits.clone()
+    out[list(ids)] = float("-inf")
+    return out
 
 
 def _as_numpy(logits: torch.Tensor) -> np.ndarray:

@@ -5,11 +5,13 @@ the target's exact joint computed from its own forward passes; significance ALPH
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from scipy.stats import chisquare
 
 from core.engine import SpeculativeEngine
-from core.sampling import SamplingParams, logits_to_probs
+from core.sampling import SamplingParams, logits_to_probs, without_tokens
 
 VOCAB = 8
 N = 2000
@@ -18,21 +20,27 @@ PROMPT = [3, 1, 4, 1, 5]
 
 
 def exact_joint(backend, params: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
+    """The target's own joint of its first two tokens; end-of-text is barred from the first ``params.min_tokens``."""
     model = backend.model
+
+    def probs(context: list[int], position: int) -> torch.Tensor:
+        logits = model(torch.tensor([context])).logits[0, -1]
+        if position < params.min_tokens:
+            logits = without_tokens(logits, backend.eos_ids)
+        return logits_to_probs(logits, params)
+
     with torch.no_grad():
-        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)
+        first = probs(prompt, 0)
         joint = torch.zeros((VOCAB, VOCAB), dtype=torch.float64)
         for a in range(VOCAB):
-            second = logits_to_probs(model(torch.tensor([prompt + [a]])).logits[0, -1], params)
-            joint[a] = first[a] * second
+            joint[a] = first[a] * probs(prompt + [a], 1)
     return joint
 
 
 def sampled_joint(target, draft, strategy, params: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
     counts = torch.zeros((VOCAB, VOCAB), dtype=torch.float64)
     for seed in range(N):
-        engine = SpeculativeEngine(target, draft, strategy,
-                                   SamplingParams(params.temperature, params.top_k, params.top_p, seed))
+        engine = SpeculativeEngine(target, draft, strategy, replace(params, seed=seed))
         out: list[int] = []
         for event in engine.stream(prompt, max_new_tokens=4):
             out += event.tokens

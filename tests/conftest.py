@@ -75,7 +75,9 @@ def make_window(qtbot, data_dir, tiny_backends):
     create_app()
 
     def make(load=None, wait=True, **overrides):
-        values = dict(pair="tiny", backend="hf", strategy="chain", chain_k=4, temperature=0.0, max_new_tokens=40)
+        # answers of 40 tokens, never fewer: how soon a random model would end one depends on the CPU's kernels
+        values = dict(pair="tiny", backend="hf", strategy="chain", chain_k=4, temperature=0.0, max_new_tokens=40,
+                      min_new_tokens=40)
         values.update(overrides)
         window = open_window(AppSettings(**values), HistoryStore(data_dir / HISTORY_FILE),
                              load=load or (lambda choice, progress: tiny_backends))
@@ -98,3 +100,16 @@ def ask(qtbot):
         return blocker.args[1]
 
     return run
+
+
+@pytest.fixture
+def saved(qtbot):
+    """``saved(window)``: wait until the window's history writes are in the file (they run on the writer thread) and
+    the signals they sent are handled."""
+    from PySide6.QtCore import QCoreApplication
+
+    def wait(window):
+        qtbot.waitUntil(lambda: window.session.writer.pending == 0, timeout=GENERATION_TIMEOUT_MS)
+        QCoreApplication.processEvents()   # what the writer emitted before it went idle
+
+    return wait

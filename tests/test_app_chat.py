@@ -14,6 +14,7 @@ from app.chat.origins import DRAFT, origin_codes
 from app.main import HISTORY_FILE
 from app.worker import FRAME_HZ, GUI_SHARE, MAX_FRAME_S, EngineRun, frame_interval
 from core.events import StopReason
+from tests.tiny_models import STREAMS_LONG
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 TIMEOUT = 60_000
@@ -32,7 +33,7 @@ def expected_origins(result) -> str:
     return "".join(codes)
 
 
-def test_send_streams_the_answer_and_nothing_is_lost_by_coalescing(make_window, qtbot, data_dir):
+def test_send_streams_the_answer_and_nothing_is_lost_by_coalescing(make_window, qtbot, data_dir, saved):
     window = make_window()
     frames = []
     window.session.answer_frame.connect(lambda message, events: frames.append((message.content, events)))
@@ -54,6 +55,7 @@ def test_send_streams_the_answer_and_nothing_is_lost_by_coalescing(make_window, 
     assert f"draft {result.stats.accepted} accepted / {result.stats.rejected} rejected" in stats
     assert window.speed_label.text() == f"{result.stats.tokens_per_second:.1f} tok/s"
     assert "Chain(4)" in window.strategy_label.text() and "tiny" in window.pair_label.text()
+    saved(window)
     assert stored_messages(data_dir) == [("user", "Hello there", "", 1),
                                          ("assistant", result.text, message.origins, 1)]
 
@@ -153,8 +155,8 @@ def test_shift_enter_adds_a_line_instead_of_sending(make_window, qtbot):
     assert window.session.conv is None and not window.session.busy
 
 
-def test_stop_mid_answer_keeps_the_text_as_incomplete(make_window, qtbot, data_dir):
-    window = make_window(max_new_tokens=3000)
+def test_stop_mid_answer_keeps_the_text_as_incomplete(make_window, qtbot, data_dir, saved):
+    window = make_window(**STREAMS_LONG)
     with qtbot.waitSignal(window.session.answer_finished, timeout=TIMEOUT) as blocker:
         assert window.send("Tell me a long story")
         qtbot.waitUntil(lambda: window.session.conv.messages[-1].content != "", timeout=TIMEOUT)
@@ -164,12 +166,13 @@ def test_stop_mid_answer_keeps_the_text_as_incomplete(make_window, qtbot, data_d
     assert result.stop_reason == StopReason.CANCELLED and 0 < len(result.tokens) < 3000
     assert message.content == result.text and not message.complete
     assert "stopped" in window.transcript.stats_text(1)
+    saved(window)
     assert stored_messages(data_dir)[-1] == ("assistant", result.text, message.origins, 0)
     assert window.send_button.isVisible() and not window.stop_button.isVisible()
 
 
 def test_the_answer_reaches_disk_within_a_second_while_it_streams(make_window, qtbot, data_dir):
-    window = make_window(max_new_tokens=3000)
+    window = make_window(**STREAMS_LONG)
     assert window.send("Stream something")
     # writes are batched (at most one a second): the stored text is a growing prefix of what is shown
     qtbot.waitUntil(lambda: len(stored_messages(data_dir)) == 2 and stored_messages(data_dir)[-1][1] != "",
@@ -181,7 +184,7 @@ def test_the_answer_reaches_disk_within_a_second_while_it_streams(make_window, q
         window.session.stop()
 
 
-def test_regenerate_replaces_the_last_answer(make_window, ask, qtbot, data_dir):
+def test_regenerate_replaces_the_last_answer(make_window, ask, qtbot, data_dir, saved):
     window = make_window()
     first = ask(window, "Say something")
     card = window.transcript.card(1)
@@ -192,10 +195,11 @@ def test_regenerate_replaces_the_last_answer(make_window, ask, qtbot, data_dir):
     assert second.text == first.text  # greedy and lossless: the same prompt gives the same answer
     assert [m.role for m in window.session.conv.messages] == ["user", "assistant"]
     assert window.transcript.count() == 2
+    saved(window)
     assert [r[:2] for r in stored_messages(data_dir)] == [("user", "Say something"), ("assistant", second.text)]
 
 
-def test_edit_and_resend_replaces_the_message_and_what_followed(make_window, ask, qtbot, data_dir):
+def test_edit_and_resend_replaces_the_message_and_what_followed(make_window, ask, qtbot, data_dir, saved):
     window = make_window()
     ask(window, "first question")
     ask(window, "second question")
@@ -209,6 +213,7 @@ def test_edit_and_resend_replaces_the_message_and_what_followed(make_window, ask
     result = blocker.args[1]
     assert [(m.role, m.content) for m in window.session.conv.messages] == [("user", "edited question"),
                                                                            ("assistant", result.text)]
+    saved(window)
     assert [r[:2] for r in stored_messages(data_dir)] == [("user", "edited question"), ("assistant", result.text)]
     assert not window.edit_banner.isVisible() and window.transcript.count() == 2
 
@@ -264,13 +269,43 @@ def test_sending_during_warm_up_waits_for_it(make_window, qtbot, tiny_backends):
     assert [m.content for m in window.session.conv.messages][0] in ("during warm-up", "too early")
 
 
-def test_bad_sampling_value_is_a_dialog_not_a_crash(make_window, qtbot):
+@pytest.mark.parametrize("bad", [dict(top_p=0.0), dict(temperature=float("nan")), dict(max_new_tokens=-5),
+                                 dict(strategy="tree", tree_branching="99,99")], ids=["top_p", "nan", "max", "tree"])
+def test_settings_that_cannot_generate_refuse_the_send_and_keep_the_text(make_window, qtbot, bad):
     window = make_window()
-    window.session.settings = replace(window.settings, top_p=0.0)  # what a hand-edited settings file could hold
+    window.session.settings = replace(window.settings, **bad)   # what a hand-edited settings file could hold
     with qtbot.waitSignal(window.message_shown, timeout=5_000) as blocker:
-        assert not window.send("hello")
-    assert "top_p" in blocker.args[1]
-    assert not window.session.busy and window.session.conv.messages[-1].role == "user"
+        qtbot.keyClicks(window.prompt, "hello")
+        qtbot.keyClick(window.prompt, Qt.Key.Key_Return)
+    field, value = list(bad.items())[-1]
+    assert blocker.args[0] == "Settings" and f"{field}={value!r}" in blocker.args[1]
+    assert "Nothing was sent" in blocker.args[1]
+    assert window.prompt.toPlainText() == "hello"                  # nothing typed is lost
+    assert not window.session.busy and window.session.conv is None
+
+
+def test_settings_that_cannot_generate_during_warm_up_give_the_waiting_message_back(make_window, qtbot,
+                                                                                      monkeypatch):
+    import app.model_host as host
+
+    release, warm_job = threading.Event(), host.warm_job
+
+    def held_warm_job(*args):
+        def job(push, cancel):
+            release.wait(TIMEOUT / 1000)
+            return warm_job(*args)(push, cancel)
+        return job
+
+    monkeypatch.setattr(host, "warm_job", held_warm_job)
+    window = make_window(wait=False)
+    qtbot.waitUntil(lambda: window.session.ready, timeout=TIMEOUT)
+    qtbot.keyClicks(window.prompt, "sent while warming")
+    qtbot.keyClick(window.prompt, Qt.Key.Key_Return)   # waits for the warm-up
+    assert window.prompt.toPlainText() == "" and not window.session.is_warm
+    window.session.settings = replace(window.settings, top_p=7.0)
+    release.set()
+    qtbot.waitUntil(lambda: window.prompt.toPlainText() == "sent while warming", timeout=TIMEOUT)
+    assert window.session.conv is None and not window.session.busy
 
 
 def test_missing_model_path_shows_an_error_and_the_app_stays_up(make_window, qtbot, tmp_path):
@@ -293,7 +328,7 @@ def test_missing_model_path_shows_an_error_and_the_app_stays_up(make_window, qtb
 
 
 def test_closing_during_generation_cancels_waits_and_saves_incomplete(make_window, qtbot, data_dir):
-    window = make_window(max_new_tokens=3000)
+    window = make_window(**STREAMS_LONG)
     assert window.send("Keep talking")
     qtbot.waitUntil(lambda: window.session.conv.messages[-1].content != "", timeout=TIMEOUT)
     run = window.session.answer.run
@@ -305,7 +340,7 @@ def test_closing_during_generation_cancels_waits_and_saves_incomplete(make_windo
 
 
 def test_new_chat_shortcut_and_busy_buttons_say_why(make_window, qtbot):
-    window = make_window(max_new_tokens=3000)
+    window = make_window(**STREAMS_LONG)
     with qtbot.waitSignal(window.session.answer_finished, timeout=TIMEOUT) as blocker:
         assert window.send("busy?")
         assert not window.sidebar.new_button.isEnabled() and "Stop" in window.sidebar.new_button.toolTip()
@@ -318,7 +353,7 @@ def test_new_chat_shortcut_and_busy_buttons_say_why(make_window, qtbot):
     assert window.session.conv is None and window.transcript.count() == 0
 
 
-def test_a_message_too_long_for_the_context_is_refused_and_given_back(make_window, qtbot, data_dir, ask):
+def test_a_message_too_long_for_the_context_is_refused_and_given_back(make_window, qtbot, data_dir, ask, saved):
     window = make_window()
     too_long = "x" * (window.session.backends[0].context_length + 10)
     with qtbot.waitSignal(window.message_shown, timeout=TIMEOUT) as shown:
@@ -328,13 +363,14 @@ def test_a_message_too_long_for_the_context_is_refused_and_given_back(make_windo
     title, text = shown.args
     assert title == "Generation failed" and "context" in text and "shorten" in text
     assert window.session.conv.messages == [] and window.transcript.count() == 0   # nothing saved unanswered
+    saved(window)
     assert stored_messages(data_dir) == []
     assert window.prompt.toPlainText() == too_long    # the text is not lost
     window.prompt.clear()
     assert ask(window, "still working?").tokens  # the app stays usable
 
 
-def test_a_long_chat_keeps_answering_by_leaving_out_its_oldest_turns(make_window, qtbot, ask, data_dir):
+def test_a_long_chat_keeps_answering_by_leaving_out_its_oldest_turns(make_window, qtbot, ask, data_dir, saved):
     from core.tiny import tiny_model, tiny_tokenizer
     from core.backends.hf import HFBackend
 
@@ -349,10 +385,11 @@ def test_a_long_chat_keeps_answering_by_leaving_out_its_oldest_turns(make_window
         assert result.tokens
     assert notices and "no longer fit" in notices[0]
     assert len(window.session.conv.messages) == 24      # everything is kept in the history
+    saved(window)
     assert len(stored_messages(data_dir)) == 24
 
 
-def test_stop_acts_during_a_long_prefill(make_window, qtbot, tiny_backends, data_dir):
+def test_stop_acts_during_a_long_prefill(make_window, qtbot, tiny_backends, data_dir, saved):
     target = tiny_backends[0]
     old_chunk = target.prefill_chunk
     target.prefill_chunk = 16
@@ -366,6 +403,7 @@ def test_stop_acts_during_a_long_prefill(make_window, qtbot, tiny_backends, data
             window.session.stop()
         message, result = blocker.args
         assert result.stop_reason == StopReason.CANCELLED and result.tokens == ()
+        saved(window)
         assert not message.complete and stored_messages(data_dir)[-1][3] == 0
         assert len(target.committed) < len("read this " * 300)   # it stopped part way through the prompt
     finally:
@@ -421,7 +459,7 @@ def test_loading_shows_progress_and_closing_mid_load_ends_cleanly(make_window, q
     assert not run.running and run._runner.ended.is_set()
 
 
-def test_origin_highlight_toggle_and_system_prompt(make_window, ask, qtbot, monkeypatch, tiny_backends):
+def test_origin_highlight_toggle_and_system_prompt(make_window, ask, qtbot, monkeypatch, tiny_backends, saved):
     target = tiny_backends[0]
     seen = []
     original = target.apply_chat_template
@@ -430,6 +468,7 @@ def test_origin_highlight_toggle_and_system_prompt(make_window, ask, qtbot, monk
     window.system_edit.setText("Answer in French.")
     result = ask(window, "Bonjour")
     assert seen[-1] == [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Bonjour"}]
+    saved(window)
     assert window.session.store.conversation(window.session.conv.id).system_prompt == "Answer in French."
     assert result.stats.accepted > 0
     assert window.transcript.tinted_text(1)  # accepted draft tokens are highlighted
@@ -440,8 +479,9 @@ def test_origin_highlight_toggle_and_system_prompt(make_window, ask, qtbot, monk
     assert window.transcript.tinted_text(1)
 
 
-def test_a_lone_surrogate_in_a_message_is_kept_as_a_replacement_character(make_window, ask, data_dir):
+def test_a_lone_surrogate_in_a_message_is_kept_as_a_replacement_character(make_window, ask, data_dir, saved):
     window = make_window()
     result = ask(window, "broken \ud800 text")
     assert window.session.conv.messages[0].content == "broken \ufffd text"
+    saved(window)
     assert stored_messages(data_dir)[0][1] == "broken \ufffd text" and result.tokens

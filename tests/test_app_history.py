@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from dataclasses import replace
 
 import pytest
@@ -50,7 +51,7 @@ def test_interrupted_answer_is_restored_and_marked(make_window, data_dir):
     assert "interrupted" in window.transcript.stats_text(1)
 
 
-def test_corrupt_history_is_moved_aside_and_a_new_one_started(make_window, data_dir, ask, monkeypatch):
+def test_corrupt_history_is_moved_aside_and_a_new_one_started(make_window, data_dir, ask, monkeypatch, saved):
     data_dir.mkdir(parents=True)
     garbage = b"this is not an sqlite database at all\x00\x01" * 100
     (data_dir / HISTORY_FILE).write_bytes(garbage)
@@ -72,6 +73,7 @@ def test_corrupt_history_is_moved_aside_and_a_new_one_started(make_window, data_
     assert title == "Chat history" and str(moved[0]) in text and "new, empty history" in text
     assert window.sidebar.list.count() == 0
     ask(window, "works again")
+    saved(window)
     with sqlite3.connect(data_dir / HISTORY_FILE) as conn:
         assert conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2
 
@@ -88,12 +90,14 @@ def test_history_uses_wal_and_a_newer_schema_is_refused(tmp_path):
     assert (tmp_path / "h.sqlite3").read_bytes() == before
 
 
-def test_rename_delete_and_export(make_window, ask, tmp_path):
+def test_rename_delete_and_export(make_window, ask, tmp_path, saved):
     window = make_window()
     session = window.session
     result = ask(window, "Export me")
+    saved(window)
     cid = session.conv.id
     session.rename(cid, "  Renamed chat  ")
+    saved(window)
     assert window.sidebar.list.item(0).text() == "Renamed chat"
     with pytest.raises(HistoryError):
         session.store.rename(cid, "   ")
@@ -109,6 +113,7 @@ def test_rename_delete_and_export(make_window, ask, tmp_path):
     assert md.startswith("# Renamed chat\n") and "## User\n\nExport me\n" in md and result.text in md
 
     session.delete(cid)
+    saved(window)
     assert session.conv is None and window.sidebar.list.count() == 0 and window.transcript.count() == 0
     assert session.store.conversations() == []
     with pytest.raises(HistoryError):
@@ -123,29 +128,64 @@ def test_unusable_history_folder_is_a_clear_error(tmp_path):
     assert "not-a-folder" in str(info.value)
 
 
-def test_a_locked_history_is_waited_for_and_nothing_is_lost(make_window, ask, qtbot, data_dir, monkeypatch):
-    from app.chat.history import HistoryLockedError
-
+def test_a_locked_history_is_waited_for_and_nothing_is_lost(make_window, ask, qtbot, data_dir, saved):
     window = make_window()
-    store = window.session.store
-    original = store.add_message
-    calls = []
-
-    def locked_once(cid, message):
-        calls.append(message.content)
-        if len(calls) == 1:
-            raise HistoryLockedError("another SpecLens window or process is holding the chat history")
-        return original(cid, message)
-
-    monkeypatch.setattr(store, "add_message", locked_once)
+    other = sqlite3.connect(data_dir / HISTORY_FILE, isolation_level=None)   # another program, holding the lock
+    other.execute("BEGIN IMMEDIATE")
     statuses = []
     window.session.status.connect(statuses.append)
-    result = ask(window, "wait for the lock")
-    assert any("holding the chat history" in s for s in statuses)        # shown, not a traceback
-    qtbot.waitUntil(lambda: window.session.writer.pending == 0, timeout=10_000)   # retried a second later
+    try:
+        result = ask(window, "wait for the lock")   # chats on while the file is locked
+        qtbot.waitUntil(lambda: any("holding the chat history" in s for s in statuses), timeout=30_000)
+        assert window.session.writer.pending > 0 and window.session.conv.id < 0   # in the window, not the file yet
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    saved(window)   # retried every second: written once the lock is gone
     with sqlite3.connect(data_dir / HISTORY_FILE) as conn:
         rows = conn.execute("SELECT role, content FROM messages ORDER BY position").fetchall()
     assert rows == [("user", "wait for the lock"), ("assistant", result.text)]
+    assert window.session.conv.id > 0 and window.sidebar.list.count() == 1
+
+
+def test_no_history_write_runs_on_the_gui_thread(make_window, ask, qtbot, monkeypatch, saved):
+    # a write waits for another program's lock for seconds: on the GUI thread that froze the window
+    writes = set()
+    for name in ("create_conversation", "add_message", "update_messages", "delete_messages_from", "rename",
+                 "set_system_prompt", "delete"):
+        original = getattr(HistoryStore, name)
+        monkeypatch.setattr(HistoryStore, name, lambda self, *a, _o=original, **k: writes.add(
+            threading.get_ident()) or _o(self, *a, **k))
+    window = make_window()
+    ask(window, "first")
+    window.system_edit.setText("Be brief.")
+    window.system_edit.editingFinished.emit()
+    with qtbot.waitSignal(window.session.answer_finished, timeout=60_000):
+        assert window.session.regenerate()
+    saved(window)
+    window.session.rename(window.session.conv.id, "renamed")
+    window.session.delete(window.session.conv.id)
+    saved(window)
+    assert writes and threading.get_ident() not in writes
+
+
+def test_closing_while_the_history_is_locked_asks_and_closes_once_written(make_window, ask, qtbot, data_dir):
+    window = make_window()
+    ask(window, "keep me")
+    other = sqlite3.connect(data_dir / HISTORY_FILE, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        ask(window, "and me")
+        with qtbot.waitSignal(window.message_shown, timeout=30_000) as shown:
+            window.close()
+        assert window.isVisible() and "not saved yet" in shown.args[1]   # told, and still open
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    qtbot.waitUntil(lambda: not window.isVisible(), timeout=30_000)   # closed by itself once written
+    with sqlite3.connect(data_dir / HISTORY_FILE) as conn:
+        rows = conn.execute("SELECT content FROM messages WHERE role='user' ORDER BY position").fetchall()
+    assert rows == [("keep me",), ("and me",)]
 
 
 def test_a_read_only_history_says_so_once_and_keeps_the_chat_in_the_window(make_window, ask, qtbot, monkeypatch):

@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 
 from app.screenshots import SCENES, main
+from tests.tiny_models import STREAMS_LONG
 
 
 def distinct_colours(path: Path) -> int:
@@ -44,7 +45,7 @@ def test_screenshot_command_rejects_unknown_scenes(capsys):
 
 
 def test_window_states_render(make_window, ask, qtbot, shots_dir):
-    window = make_window(max_new_tokens=3000)
+    window = make_window(**STREAMS_LONG)
     window.resize(1440, 900)
     window.grab().save(str(shots_dir / "state_empty.png"))
     with qtbot.waitSignal(window.session.answer_finished, timeout=60_000):

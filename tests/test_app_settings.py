@@ -128,3 +128,33 @@ def test_settings_that_cannot_be_saved_say_so(data_dir):
     (data_dir / "settings.ini").mkdir(parents=True)   # what QSettings cannot write over, even as root
     with pytest.raises(SettingsError, match="could not save the settings"):
         save_settings(AppSettings(theme="dark"))
+
+
+def test_saved_settings_that_cannot_generate_fall_back_to_defaults_naming_each(data_dir):
+    from app.main import create_app
+    from app.settings import read_settings
+
+    create_app()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "settings.ini").write_text("[General]\ntemperature=nan\ntop_p=7\nstrategy=tree\n"
+                                           "tree_branching=\"99,99\"\nmax_new_tokens=-5\nchain_k=500\n"
+                                           "min_new_tokens=-1\nseed=12\n")
+    settings, notices = read_settings()
+    defaults = AppSettings()
+    assert (settings.temperature, settings.top_p, settings.tree_branching, settings.max_new_tokens,
+            settings.chain_k, settings.min_new_tokens) == (defaults.temperature, defaults.top_p,
+                                                           defaults.tree_branching, defaults.max_new_tokens,
+                                                           defaults.chain_k, defaults.min_new_tokens)
+    assert settings.strategy == "tree" and settings.seed == 12      # the usable values are kept
+    assert settings.problems() == []
+    for named in ("temperature=nan", "top_p=7.0", "tree_branching='99,99'", "max_new_tokens=-5", "chain_k=500",
+                  "min_new_tokens=-1"):
+        assert sum(named in n for n in notices) == 1, named
+    assert all("settings.ini" in n for n in notices)
+
+
+def test_the_dialog_refuses_what_cannot_generate(dialog):
+    assert dialog.max_new.minimum() == 1 and dialog.min_new.minimum() == 0   # the ranges the settings allow
+    dialog.min_new.setValue(20)
+    dialog.accept()
+    assert dialog.result_settings.min_new_tokens == 20 and dialog.result_settings.sampling().min_tokens == 20

@@ -139,6 +139,12 @@ def test_bench_names_bad_input_before_running(tmp_path, prompt_file, capsys) -> 
     assert "bad.jsonl:2" in capsys.readouterr().err
     assert bench.main(["--pair", "tiny", "--prompts", str(tmp_path / "missing.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert bench.main(["--pair", "tiny", "--prompts", str(tmp_path)]) == 2
+    assert f"{tmp_path} is a folder, not a JSONL file" in capsys.readouterr().err
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes('{"id": 1, "prompt": "café"}\n'.encode("latin-1"))
+    assert bench.main(["--pair", "tiny", "--prompts", str(latin)]) == 2
+    assert f"{latin} is not UTF-8" in capsys.readouterr().err
     assert bench.main(["--pair", "tiny", "--modes", "chain:x"]) == 2
     assert "integers" in capsys.readouterr().err
     assert bench.main(["--pair", "tiny", "--modes", "tree:5000:5000"]) == 2          # would take hours: refused

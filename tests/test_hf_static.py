@@ -223,3 +223,35 @@ def test_bfloat16_matches_float32(arch: str, init_std: float) -> None:
     # an argmax can flip only where the float32 top-2 margin is below twice the logits' error: a near-tie
     assert all(m < 2 * tol for m in margins)
     assert identical >= 4
+
+
+def test_attention_falls_back_to_eager_when_sdpa_refuses_this_cpu(monkeypatch) -> None:
+    # torch's CPU flash-attention kernel refuses bfloat16 on an AMX CPU when ATen runs below AVX-512
+    # (ATEN_CPU_CAPABILITY=default): the call must still be answered, by eager attention over the same tree mask
+    model = tiny_model(VOCAB, 5, arch="qwen2", context=128)
+    tree = TokenTree()
+    for i, parent in enumerate((-1, -1, 0, 1, 2)):
+        tree.add(i + 3, parent)
+    reference = HFBackend(copy.deepcopy(model), device="cpu")
+    reference.model.set_attn_implementation("eager")
+    reference.prefill([1, 2, 3])
+    expected = reference.forward_tree(tree)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def refusing(*args, **kwargs):
+        if args[0].shape[2] > 1:
+            raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", refusing)
+    backend = HFBackend(model, device="cpu")
+    backend.prefill([1, 2, 3])
+    got = backend.forward_tree(tree)
+    assert backend.model.config._attn_implementation == "eager"
+    assert float((got - expected).abs().max()) < TOL
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("out of something else")))
+    backend.model.set_attn_implementation("sdpa")
+    backend.commit([])
+    with pytest.raises(RuntimeError, match="something else"):   # any other failure is not hidden
+        backend.forward_tree(tree)

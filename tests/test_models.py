@@ -287,6 +287,11 @@ def test_custom_pair_bad_inputs(tmp_path):
         load_custom_pair(t, same_size, n_threads=1)
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_custom_pair(tmp_path / "nowhere.gguf", t)
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    for odd, kind in ((fifo, "a named pipe"), (Path("/dev/zero"), "a character device")):
+        with pytest.raises(ModelLoadError, match=f"{odd} is {kind}"):   # never opened: a pipe would block
+            load_custom_pair(odd, t)
     text = tmp_path / "readme.txt"
     text.write_text("not a model")
     with pytest.raises(ModelLoadError, match="not a GGUF"):

@@ -6,7 +6,12 @@ import torch
 from core.backends.hf import HFBackend
 from core.tiny import perturb, tiny_model, tiny_pair, tiny_tokenizer
 
-__all__ = ["tiny_backend", "tiny_draft_pair", "tiny_model", "tiny_pair", "tiny_tokenizer", "perturb"]
+__all__ = ["STREAMS_LONG", "tiny_backend", "tiny_draft_pair", "tiny_model", "tiny_pair", "tiny_tokenizer", "perturb"]
+
+# Window settings for an answer that is still streaming text when a test acts on it, on any CPU: end-of-text barred
+# for all 3000 tokens, and sampled, so that a random model cannot lock onto one control token (greedy on a random model
+# can loop on any token; which one depends on the CPU's float kernels)
+STREAMS_LONG = dict(max_new_tokens=3000, min_new_tokens=3000, temperature=1.0, seed=0)
 
 
 def tiny_backend(arch: str = "qwen2", vocab: int = 64, seed: int = 0, eos: int | None = None,

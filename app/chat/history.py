@@ -24,7 +24,7 @@ from pathlib import Path
 
 from app.chat.history_errors import (DeletedElsewhereError, HistoryError, HistoryLockedError, HistoryReadOnlyError,
                                      HistoryReplacedError, read_only_error, translate)
-from app.chat.history_open import BUSY_TIMEOUT_S, open_history
+from app.chat.history_open import BUSY_TIMEOUT_S, Opened, another_connection, open_history
 
 __all__ = ["ROLES", "Conversation", "DeletedElsewhereError", "HistoryError", "HistoryLockedError",
            "HistoryReadOnlyError", "HistoryReplacedError", "HistoryStore", "Message", "storable"]
@@ -95,13 +95,19 @@ class HistoryStore:
     HistoryLockedError.
     """
 
-    def __init__(self, path: Path, busy_timeout: float = BUSY_TIMEOUT_S) -> None:
+    def __init__(self, path: Path, busy_timeout: float = BUSY_TIMEOUT_S, opened: Opened | None = None) -> None:
         self.path = Path(path)
-        opened = open_history(self.path, busy_timeout)
+        self.busy_timeout = busy_timeout
+        opened = opened or open_history(self.path, busy_timeout)
         self._conn = opened.conn
         self.read_only = opened.read_only
         self.notice = opened.notice
         self._identity = _file_identity(self.path)
+
+    def alongside(self) -> "HistoryStore":
+        """Another connection to this file for another thread (a writer's), opened without waiting for any lock."""
+        return HistoryStore(self.path, self.busy_timeout, another_connection(self.path, self.read_only,
+                                                                              self.busy_timeout))
 
     def close(self) -> None:
         """Flush and close the database."""

@@ -90,8 +90,7 @@ def _checked(path: Path, busy_timeout: float) -> sqlite3.Connection:
     try:
         conn = connect(path, "mode=rwc", busy_timeout)
         conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer, and a kill loses nothing saved
-        conn.execute("PRAGMA synchronous=NORMAL")  # in WAL mode: durable on checkpoint, consistent always
-        conn.execute("PRAGMA foreign_keys=ON")  # deleting a conversation deletes its messages
+        _set_up(conn)
         _known_version(conn, path)
         problem = integrity_problem(conn)
         if problem is not None:
@@ -110,6 +109,27 @@ def _checked(path: Path, busy_timeout: float) -> sqlite3.Connection:
         if conn is not None:
             conn.close()
         raise
+
+
+def _set_up(conn: sqlite3.Connection) -> None:
+    """The settings each read-write connection needs (SQLite keeps them per connection, not in the file)."""
+    conn.execute("PRAGMA synchronous=NORMAL")  # in WAL mode: durable on checkpoint, consistent always
+    conn.execute("PRAGMA foreign_keys=ON")  # deleting a conversation deletes its messages
+
+
+def another_connection(path: Path, read_only: bool, busy_timeout: float) -> Opened:
+    """One more connection to a history that :func:`open_history` opened (checked, migrated or repaired), for another
+    thread: a connection serves one thread. It writes nothing while opening, so it never waits for a lock."""
+    conn = None
+    try:
+        conn = connect(path, "mode=ro" if read_only else "mode=rw", busy_timeout)
+        if not read_only:
+            _set_up(conn)
+    except sqlite3.Error as exc:
+        if conn is not None:
+            conn.close()
+        raise translate(exc, path, OPENING) from exc
+    return Opened(conn, read_only, notice=None)
 
 
 def _open_read_only(path: Path, busy_timeout: float) -> Opened:

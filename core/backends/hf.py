@@ -156,6 +156,16 @@ class HFBackend:
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model's logits (rows, vocab) for filled inputs; keys and values go to the cache in place."""
+        try:
+            return forward_into_cache(self.model, self._cache, self._cache_arg, inputs)
+        except RuntimeError as exc:
+            if not _sdpa_kernel_refused(self.model, exc):
+                raise
+        # torch's CPU flash-attention kernel packs bfloat16 for AMX whenever the CPU has AMX, and refuses when ATen
+        # runs below AVX-512 (ATEN_CPU_CAPABILITY=default or avx2 on an AMX Xeon): eager attention takes the same mask.
+        # The failed call wrote only these inputs' own cache slots, which the retry writes again.
+        log.warning("%s: torch's SDPA kernel is not usable on this CPU setting; using eager attention", self.name)
+        self.model.set_attn_implementation("eager")
         return forward_into_cache(self.model, self._cache, self._cache_arg, inputs)
 
     @torch.inference_mode()
@@ -187,6 +197,11 @@ def cache_keyword(model) -> str:
     """The keyword ``model.forward`` takes its cache by: transformers renamed ``past_key_values`` to ``cache`` during
     5.x, and an unknown keyword would be ignored silently."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _sdpa_kernel_refused(model, exc: RuntimeError) -> bool:
+    """Whether ``exc`` is SDPA's CPU kernel refusing to run on this CPU setting (not a bug in the call)."""
+    return model.config._attn_implementation == "sdpa" and "pack_vnni" in str(exc)
 
 
 def _use_sdpa(model) -> None:

@@ -24,6 +24,7 @@ from core.backends.base import (
     BackendError, LogitRows, ModelLoadError, Progress, check_fits, check_tree_call, plain_text_template,
     prefill_chunks, reusable_prefix, tokenizer_digest,
 )
+from core.backends.files import kind_of
 from core.backends.weight_buffers import weight_buffers
 from core.tree import TokenTree
 
@@ -75,9 +76,12 @@ def check_gguf_file(path: str | Path) -> Path:
     if not path.exists():
         raise ModelLoadError(f"model file {path} does not exist")
     if not path.is_file():
-        raise ModelLoadError(f"{path} is a folder, not a GGUF model file")
-    with path.open("rb") as f:
-        magic = f.read(4)
+        raise ModelLoadError(f"{path} is {kind_of(path)}, not a GGUF model file")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read the model file {path}: {exc.strerror or exc}") from None
     if magic != GGUF_MAGIC:
         raise ModelLoadError(f"{path} is not a GGUF model file (it does not start with the GGUF signature)")
     return path

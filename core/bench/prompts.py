@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from core.backends.files import kind_of
 from core.bench.modes import BenchError
 
 PROMPT_DIR = Path(__file__).resolve().parent.parent.parent / "resources" / "prompts"
@@ -28,10 +29,19 @@ def _messages(row: dict, where: str) -> list[dict]:
 
 def read_prompts(path: Path) -> list[dict]:
     """The prompts of a JSONL file as ``{"id", "set", "messages", "regenerate"}``."""
-    if not path.is_file():
+    if not path.exists():
         raise BenchError(f"prompt file {path} does not exist")
+    if not path.is_file():
+        raise BenchError(f"prompt file {path} is {kind_of(path)}, not a JSONL file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BenchError(f"prompt file {path} is not UTF-8 text (byte {exc.start} cannot be decoded): save it as "
+                         "UTF-8 JSONL") from None
+    except OSError as exc:
+        raise BenchError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from None
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{n}"
