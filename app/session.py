@@ -21,6 +21,7 @@ from app.model_host import ModelHost
 from app.settings import AppSettings, SettingsError, save_settings
 from app.worker import EngineRun
 from core.context import fit_chat
+from core.divergence import compare_greedy
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult, StepEvent, StopReason
 
@@ -40,7 +41,7 @@ BUSY_REASON = "Cannot do this while the model is generating: press Stop (Esc) fi
 class PromptFitted:
     """Pushed by an answer's job before decoding: the prompt as sent, and how many messages were left out."""
 
-    tokens: int
+    ids: tuple[int, ...]
     dropped: int
     start: int
 
@@ -51,6 +52,16 @@ class PrefillProgress:
     total: int
 
 
+@dataclass(frozen=True)
+class _Answered:
+    """A finished answer as decoded: what a greedy regeneration of it is compared with."""
+
+    message: Message
+    prompt: tuple[int, ...]
+    result: GenerationResult
+    greedy: bool
+
+
 @dataclass
 class _Answer:
     """The answer being generated."""
@@ -59,6 +70,9 @@ class _Answer:
     message: Message
     question: Message          # the user message it answers (removed again if its prompt cannot fit)
     strategy: str
+    greedy: bool
+    replaced: _Answered | None = None   # the answer this one regenerates, when this session made it
+    prompt: tuple[int, ...] = ()
     stopped: bool = False
 
 
@@ -100,6 +114,7 @@ class ChatSession(QObject):
         self._starts: dict[int, int] = {}      # conversation id -> first message kept in the prompt (sticky)
         self._closed = False
         self._unsaved = 0                      # negative ids of conversations not (yet) in the history file
+        self._last: _Answered | None = None    # the last answer this session finished
         self.writer = HistoryWriter(store, self)
         self.writer.failed.connect(self.error)
         self.writer.status.connect(self.status)
@@ -305,8 +320,10 @@ class ChatSession(QObject):
             return False
         if not self.conv.messages or self.conv.messages[-1].role != "assistant" or not self._can_generate():
             return False
-        self._truncate_from(self.conv.messages[-1])
-        return self._start_answer(self.conv.messages[-1])
+        old = self.conv.messages[-1]
+        replaced = self._last if self._last is not None and self._last.message is old else None
+        self._truncate_from(old)
+        return self._start_answer(self.conv.messages[-1], replaced)
 
     def _append(self, message: Message) -> None:
         conv = self.conv
@@ -334,7 +351,7 @@ class ChatSession(QObject):
                                         "fix the setting (Settings, Ctrl+,) and send again.")
         return not problems
 
-    def _start_answer(self, question: Message) -> bool:
+    def _start_answer(self, question: Message, replaced: _Answered | None = None) -> bool:
         sampling = self.settings.sampling()
         target, draft = self.backends
         conv = self.conv
@@ -346,7 +363,7 @@ class ChatSession(QObject):
         def job(push, cancel):
             # the template and the tokenizer run here, not on the GUI thread
             fitted = fit_chat(system, messages, target.apply_chat_template, target.context_length, max_new, start)
-            push(PromptFitted(len(fitted.prompt_ids), fitted.dropped, fitted.start))
+            push(PromptFitted(tuple(fitted.prompt_ids), fitted.dropped, fitted.start))
             engine = SpeculativeEngine(target, draft, strategy, sampling)
             for event in engine.stream(fitted.prompt_ids, max_new, cancel,
                                        progress=lambda done, total: push(PrefillProgress(done, total))):
@@ -356,7 +373,7 @@ class ChatSession(QObject):
         answer = Message("assistant", "", complete=False)
         self._append(answer)
         run = EngineRun(job, self)
-        self.answer = _Answer(run, answer, question, strategy.label)
+        self.answer = _Answer(run, answer, question, strategy.label, sampling.greedy, replaced)
         run.frame.connect(lambda items, r=run: self._on_frame(r, items))
         run.finished.connect(lambda result, r=run: self._on_finished(r, result))
         run.failed.connect(lambda message, r=run: self._on_failed(r, message))
@@ -389,6 +406,7 @@ class ChatSession(QObject):
             if isinstance(item, StepEvent):
                 steps.append(item)
             elif isinstance(item, PromptFitted):
+                answer.prompt = item.ids
                 self._starts[self.conv.id] = item.start
                 if item.dropped:
                     self.notice.emit(f"The {item.dropped} oldest message{'s' if item.dropped != 1 else ''} of this "
@@ -414,7 +432,21 @@ class ChatSession(QObject):
         answer.message.stats = stats_record(result.stats, answer.strategy, result.stop_reason)
         answer.message.complete = result.stop_reason != StopReason.CANCELLED
         self.writer.update(answer.message)
+        self._compare_with_replaced(answer, result)
+        self._last = _Answered(answer.message, answer.prompt, result, answer.greedy)
         self._end(answer, result)
+
+    def _compare_with_replaced(self, answer: _Answer, result: GenerationResult) -> None:
+        """A greedy regeneration of the same prompt gives the same tokens, except where a near-tie rounds the other
+        way (quantized llama.cpp computes a batch, and a reused prompt cache, with other kernels): say where and
+        which it was, as the race and the bench do."""
+        replaced = answer.replaced
+        if replaced is None or not (answer.greedy and replaced.greedy) or replaced.prompt != answer.prompt:
+            return
+        comparison = compare_greedy(replaced.result, result)
+        if not comparison.identical:
+            self.notice.emit(f"This greedy answer parts from the one it replaced: {comparison.describe()}; "
+                             f"{comparison.reason}.")
 
     def _on_failed(self, run: EngineRun, message: str) -> None:
         if not self._is_live(run):

@@ -26,6 +26,12 @@ class GreedyComparison:
     def near_tie(self) -> bool:
         return self.margin is not None and self.margin < NEAR_TIE
 
+    @property
+    def reason(self) -> str:
+        """Why two greedy runs of one prompt may part here: rounding at a near-tie, or something to investigate."""
+        return ("batched kernels can round a near-tie either way" if self.near_tie
+                else "a real difference between the two runs: investigate")
+
     def describe(self) -> str:
         if self.identical:
             return f"identical ({self.compared} tokens)"

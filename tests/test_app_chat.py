@@ -199,6 +199,42 @@ def test_regenerate_replaces_the_last_answer(make_window, ask, qtbot, data_dir, 
     assert [r[:2] for r in stored_messages(data_dir)] == [("user", "Say something"), ("assistant", second.text)]
 
 
+def test_a_greedy_regeneration_that_parts_from_the_answer_it_replaced_says_where_and_why(make_window, ask, qtbot,
+                                                                                            tiny_backends, monkeypatch):
+    import torch
+
+    from core.divergence import NEAR_TIE
+    from core.tree import TokenTree
+
+    window = make_window()
+    notices = []
+    window.session.notice.connect(notices.append)
+    first = ask(window, "Say something")
+    with qtbot.waitSignal(window.session.answer_finished, timeout=TIMEOUT):
+        assert window.session.regenerate()
+    assert notices == []                        # the same tokens: nothing to report
+    # the target's first choice, recomputed here, and its runner-up pushed just past it: a near-tie that a
+    # reused cache's other kernels rounded the other way
+    target = tiny_backends[0]
+    prompt = list(window.session._last.prompt)
+    target.prefill(prompt[:-1])
+    row = target.forward_tree(TokenTree.chain(prompt[-1:]))[0].clone()
+    target.commit([])
+    row[sorted(target.eos_ids)] = float("-inf")   # barred by min_new_tokens
+    best = torch.topk(row, 2)
+    (top, runner_up), margin = best.indices.tolist(), float(best.values[0] - best.values[1])
+    assert top == first.tokens[0]
+    bias = torch.zeros_like(row)
+    bias[runner_up] = margin + NEAR_TIE / 4
+    forward_tree = target.forward_tree
+    monkeypatch.setattr(target, "forward_tree", lambda tree, start=0: forward_tree(tree, start) + bias)
+    with qtbot.waitSignal(window.session.answer_finished, timeout=TIMEOUT) as blocker:
+        assert window.session.regenerate()
+    assert blocker.args[1].tokens[0] == runner_up
+    assert len(notices) == 1 and "parts from the one it replaced" in notices[0]
+    assert "diverged at token 0" in notices[0] and "(a near-tie)" in notices[0] and "round a near-tie" in notices[0]
+
+
 def test_edit_and_resend_replaces_the_message_and_what_followed(make_window, ask, qtbot, data_dir, saved):
     window = make_window()
     ask(window, "first question")

@@ -3,6 +3,7 @@ cache (damaged files measured again), drift re-planning, `speclens plan`."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -138,7 +139,10 @@ def test_a_tree_that_costs_more_than_planned_gives_way_to_plain(tree_seconds, dr
     if drops_tree:
         assert counts["tree"] == MIN_SAMPLES        # each step is charged when the next one is chosen
         plain = [e.note for e in events if e.note.startswith("plain decoding: ")]
-        assert counts["plain"] == len(plain) > 0 and "take 7.55x the plan's timing" in plain[-1]   # 8 s / 1.06 s
+        assert counts["plain"] == len(plain) > 0
+        # 8 s a step against the plan's ~1 s (the plan's exact figure follows the tree it chose on this CPU)
+        slower = re.search(r"its steps take (\d+\.\d+)x the plan's timing", plain[-1])
+        assert slower and 6.0 < float(slower.group(1)) < 8.5
     else:
         assert counts["plain"] == 0 and counts["tree"] > 0
 

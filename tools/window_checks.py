@@ -4,6 +4,8 @@
     python tools/window_checks.py stop        # Stop pressed 1 s into a 4,000-token prompt: how long until it acts
     python tools/window_checks.py long-chat   # opening a 2,000-message conversation: time and memory
     python tools/window_checks.py fifty-turns # 50 turns of 512-token answers: the turn where trimming starts
+    python tools/window_checks.py history-lock  # another process holds the history's write lock for 9 s while the
+                                                # user chats (tiny pair): the longest the window went unresponsive
 
 Each prints one JSON line. They run the real window offscreen (QT_QPA_PLATFORM=offscreen) in a temporary data
 folder, on the default pair (llama.cpp) with default settings (Auto), so they need the models installed.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -163,6 +166,54 @@ def fifty_turns() -> dict:
             "trims": len(notices), "turns": turns}
 
 
+# another program holding the history file's write lock (BEGIN EXCLUSIVE) for argv[2] seconds
+HOLD_LOCK = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+             "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(float(sys.argv[2])); "
+             "c.execute('ROLLBACK')")
+
+
+def history_lock(seconds: float = 9.0) -> dict:
+    from PySide6.QtCore import QTimer
+
+    w = window(pair="tiny", backend="hf", strategy="chain", max_new_tokens=300, min_new_tokens=300)
+    wait(lambda: w.session.is_warm)
+    ask(w, "before the lock")
+    wait(lambda: w.session.writer.pending == 0)
+    gaps, last = [], [time.perf_counter()]
+
+    def tick() -> None:   # the GUI thread's event loop: every gap between ticks is time the window did not respond
+        now = time.perf_counter()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(5)
+    timer.timeout.connect(tick)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(w.session.store.path), str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    t0 = time.perf_counter()
+    last[0] = t0
+    timer.start()
+    ask(w, "during the lock")
+    ask(w, "and again")
+    w.session.regenerate()
+    wait(lambda: not w.session.busy)
+    w.session.rename(w.session.conv.id, "renamed during the lock")
+    chatted = time.perf_counter() - t0
+    wait(lambda: holder.poll() is not None)
+    wait(lambda: w.session.writer.pending == 0)
+    timer.stop()
+    written = time.perf_counter() - t0
+    rows = w.session.store.conversation(w.session.conv.id).messages
+    return {"lock_held_seconds": seconds, "three_answers_and_a_rename_took_seconds": round(chatted, 2),
+            "all_written_after_seconds": round(written, 2),
+            "longest_unresponsive_ms": round(1000 * max(gaps), 1),
+            "gaps_over_100ms": sum(g > 0.1 for g in gaps), "ticks": len(gaps),
+            "all_saved": [m.content for m in rows] == [m.content for m in w.session.conv.messages] and len(rows) == 6}
+
+
 if __name__ == "__main__":
-    check = {"ttft": ttft, "stop": stop, "long-chat": long_chat, "fifty-turns": fifty_turns}[sys.argv[1]]
+    check = {"ttft": ttft, "stop": stop, "long-chat": long_chat, "fifty-turns": fifty_turns,
+             "history-lock": history_lock}[sys.argv[1]]
     print(json.dumps({sys.argv[1]: check()}))

@@ -91,10 +91,8 @@ class RaceSummary:
         if c.margin is None:
             return (f"greedy outputs differ at token {c.index} after \u201c{context}\u201d: baseline {want!r} vs "
                     f"{self.other.label} {got!r} (no top-2 margin was recorded)")
-        why = ("batched kernels can round a near-tie either way" if c.near_tie
-               else "a real difference between the two runs: investigate")
         return (f"greedy outputs differ at token {c.index} after \u201c{context}\u201d: baseline {want!r} vs "
-                f"{self.other.label} {got!r}; {c.describe()}: {why}")
+                f"{self.other.label} {got!r}; {c.describe()}: {c.reason}")
 
 
 def summarize(baseline_label: str, baseline: GenerationResult, other_label: str,

@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sampling = SamplingParams(temperature=args.temperature)
-        target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device)
+        target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device, args.target,
+                                  args.draft)
     except Exception as exc:  # a missing model package or a bad setting: one clear line, no traceback
         print(f"speclens plan: {exc}", file=sys.stderr)
         return 2

@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Callable
 
 from core.bench.modes import (
-    HF_ASSISTED, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes, runner_of, strategy_for,
+    HF_ASSISTED, LLAMA_SERVER_MODES, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes, runner_of,
+    strategy_for,
 )
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
 from core.bench.run import (
     BenchSetup, ComparedSurface, EngineSurface, attach_memory, here, run_bench, stderr_log,
 )
-from core.bench.runners import HFAssisted, NativeRunner
+from core.bench.runners import HFAssisted, LlamaServerRunner, NativeRunner
 from core.bench.same_drafts import scored
 from core.cli_args import add_pair_arguments, open_pair
 from core.sampling import SamplingParams
@@ -51,6 +52,9 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     parser.add_argument("--surface", default="engine", choices=("engine", *surfaces),
                         help="engine: the bare engine; window: also through the real chat window (offscreen)")
     parser.add_argument("--json", dest="out", default=None, help="write the JSON here (and the table next to it, .md)")
+    parser.add_argument("--llama-server", default=None, metavar="PATH",
+                        help="llama.cpp's llama-server binary for the llama-server modes (default: "
+                        "$SPECLENS_LLAMA_SERVER, then PATH, then where tools/build_llama_server.sh puts it)")
     return parser
 
 
@@ -107,33 +111,24 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
     except (BenchError, ValueError) as exc:
         print(f"speclens bench: {exc}", file=sys.stderr)
         return 2
+    runners: dict = {}
     try:
-        target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device)
+        target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device, args.target,
+                                  args.draft)
         if args.no_draft:
             draft = None
-        runners = {m: (NativeRunner(target) if runner_of(m) == NATIVE else HFAssisted(target, draft, args.pair))
-                   for m in modes if runner_of(m)}
         encoded = _encoded(target, prompts, args.max_new_tokens)
+        for m in modes:
+            if runner_of(m):
+                runners[m] = _runner(runner_of(m), target, draft, args)
     except Exception as exc:  # a model that will not load, a prompt that cannot fit: one clear line
+        _close(runners)
         print(f"speclens bench: {exc}", file=sys.stderr)
         return 2
-    from core.memory import open_memory
-
-    with tempfile.TemporaryDirectory(prefix="speclens-bench-memory-") as empty:
-        memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
-        strategies = scored(attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory),
-                            sampling)
-        chosen, call, extra = [EngineSurface()], here, None
-        if args.surface != "engine":
-            extra = surfaces[args.surface](target, draft)
-            chosen, call = [extra.engine_surface(), extra], extra.call
-        setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
-                           chosen, call)
-        try:
-            runs = run_bench(setup, prompts, encoded, stderr_log)
-        finally:
-            if extra is not None:
-                extra.close()
+    try:
+        runs = _run(args, modes, prompts, encoded, sampling, target, draft, runners, surfaces)
+    finally:
+        _close(runners)
     report = {"meta": _meta(args, target, draft, sampling, argv), "modes": modes, "runs": runs,
               "summary": summarise(runs, modes)}
     table = markdown(report)
@@ -149,9 +144,44 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
     return 0
 
 
+def _close(runners: dict) -> None:
+    """Runners hold processes (llama-server) and contexts: end them however the run ended."""
+    for runner in runners.values():
+        runner.close()
+
+
+def _run(args, modes, prompts, encoded, sampling, target, draft, runners, surfaces) -> list[dict]:
+    from core.memory import open_memory
+
+    with tempfile.TemporaryDirectory(prefix="speclens-bench-memory-") as empty:
+        memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
+        strategies = scored(attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory),
+                            sampling)
+        chosen, call, extra = [EngineSurface()], here, None
+        if args.surface != "engine":
+            extra = surfaces[args.surface](target, draft)
+            chosen, call = [extra.engine_surface(), extra], extra.call
+        setup = BenchSetup(target, draft, strategies, runners, memory, sampling, args.max_new_tokens, args.repeat,
+                           chosen, call)
+        try:
+            return run_bench(setup, prompts, encoded, stderr_log)
+        finally:
+            if extra is not None:
+                extra.close()
+
+
+def _runner(name: str, target, draft, args):
+    if name == NATIVE:
+        return NativeRunner(target)
+    if name == HF_ASSISTED:
+        return HFAssisted(target, draft, args.pair)
+    return LlamaServerRunner(target, draft, LLAMA_SERVER_MODES[name], args.llama_server)
+
+
 def _meta(args, target, draft, sampling: SamplingParams, argv) -> dict:
     backend = "hf" if args.pair == "tiny" else args.backend   # the tiny pair exists in transformers only
-    return {"pair": args.pair, "backend": backend,
+    pair = f"custom ({Path(args.target).name} + {Path(args.draft).name})" if args.target else args.pair
+    return {"pair": pair, "backend": backend,
             "draft_backend": backend if args.pair == "tiny" else args.draft_backend or backend,
             "max_new_tokens": args.max_new_tokens, "temperature": sampling.temperature, "repeat": args.repeat,
             "surface": args.surface, "machine": machine(), "load_average": os.getloadavg(),

@@ -13,7 +13,10 @@ from core.self_draft import SelfDraft
 
 NATIVE = "native"            # llama-cpp-python's own generate loop on the same file and threads
 HF_ASSISTED = "hf-assisted"  # transformers' own assisted generation on the same pair
-RUNNERS = (NATIVE, HF_ASSISTED)
+LLAMA_SERVER = "llama-server"   # llama.cpp's own server on the same files and threads: plain, or with its speculation
+LLAMA_SERVER_MODES = {LLAMA_SERVER: "plain", f"{LLAMA_SERVER}:ngram": "ngram", f"{LLAMA_SERVER}:draft": "draft",
+                      f"{LLAMA_SERVER}:both": "both"}
+RUNNERS = (NATIVE, HF_ASSISTED, *LLAMA_SERVER_MODES)
 # An A/A control: a second, identical baseline or native reference (the same loop on the same weights, with its own
 # context for native), so its ratio to its twin is the run-to-run noise. No mode can be told from another by less
 # than its controls move.
@@ -25,8 +28,10 @@ MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia sha
              "SpecTr's K-SEQ), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), self:L[:K] (the "
              "target's first L layers draft a chain of K; transformers backend), adaptive, auto[:noresume] (Auto "
              "without guesses of where a copy resumes after an edit), "
-             f"{HF_ASSISTED} (transformers backend only), baseline{AGAIN} and {NATIVE}{AGAIN} (A/A controls: a "
-             "second, identical baseline or native reference, whose ratios show the noise floor)")
+             f"{HF_ASSISTED} (transformers backend only), {LLAMA_SERVER}[:ngram|:draft|:both] (llama.cpp's own server "
+             "on the same files and threads: plain, its --spec-default n-gram drafts, the draft model, or both), "
+             f"baseline{AGAIN}, {NATIVE}{AGAIN} and {LLAMA_SERVER}{AGAIN} (A/A controls: a second, identical "
+             "reference, whose ratios show the noise floor)")
 
 
 class BenchError(ValueError):
@@ -41,8 +46,9 @@ def _ints(mode: str, parts: Sequence[str]) -> list[int]:
 
 
 def runner_of(mode: str) -> str | None:
-    """The runner a mode runs (``native``, ``hf-assisted``; ``native:again`` too), or None for an engine mode."""
-    name = NATIVE if mode == NATIVE + AGAIN else mode
+    """The runner a mode runs (``native``, ``hf-assisted``, a llama-server mode; the ``:again`` twins too), or None
+    for an engine mode."""
+    name = mode.removesuffix(AGAIN) if mode in (NATIVE + AGAIN, LLAMA_SERVER + AGAIN) else mode
     return name if name in RUNNERS else None
 
 
@@ -106,5 +112,5 @@ def parse_modes(text: str) -> list[str]:
 
 
 def needs_draft_model(mode: str) -> bool:
-    return (mode.removesuffix(AGAIN) not in ("baseline", "auto", NATIVE)
+    return (mode.removesuffix(AGAIN) not in ("baseline", "auto", NATIVE, LLAMA_SERVER, f"{LLAMA_SERVER}:ngram")
             and not mode.startswith(("ngram", "memory", "self")))

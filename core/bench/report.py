@@ -5,6 +5,10 @@ apart), from engine timestamps for the engine's modes and from the same two inst
 ratio to a reference on one prompt is the median over repeats of the ratio within each repeat; a summary is the
 geometric mean of those medians over prompts. The spread says how far single repeats moved, so that a 1.05x can be
 told from noise.
+
+Besides SpecLens's own baseline, every mode is reported over each outside reference that ran (``native``, llama.cpp's
+own server plain) and over llama-server's best configuration: the llama-server mode with the highest geomean over
+llama-server plain, for all prompts and for each set.
 """
 from __future__ import annotations
 
@@ -13,9 +17,11 @@ import statistics
 from collections import defaultdict
 from typing import Sequence
 
-from core.bench.modes import NATIVE
+from core.bench.modes import LLAMA_SERVER, LLAMA_SERVER_MODES, NATIVE
 
 METRIC = "decode_tokens_per_s"
+REFERENCES = {NATIVE: "native", LLAMA_SERVER: "llama_server"}   # mode -> its key in a summary ("over_<key>")
+BEST = "llama_server_best"
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -72,10 +78,13 @@ def summarise(runs: list[dict], modes: list[str]) -> dict:
         base = ratios(runs, mode, "baseline")
         if base:
             entry.update(_summary_of(base))
-        if mode != NATIVE and any(r["mode"] == NATIVE for r in runs):
-            native = ratios(runs, mode, NATIVE)
-            if native:
-                entry["over_native"] = _summary_of(native)
+        for reference, key in REFERENCES.items():
+            over = ratios(runs, mode, reference) if mode != reference else {}
+            if over:
+                entry[f"over_{key}"] = _summary_of(over)
+        best = _over_best_llama_server(runs, mode)
+        if best:
+            entry[f"over_{BEST}"] = best
         overhead = [r["python_ms_per_step"] for r in rows if "python_ms_per_step" in r]
         if overhead:
             entry["python_ms_per_step"] = statistics.median(overhead)
@@ -92,6 +101,36 @@ def summarise(runs: list[dict], modes: list[str]) -> dict:
                 entry["window_over_engine"] = geomean([statistics.median(v) for v in window.values()])
                 entry["window_over_engine_worst"] = min(statistics.median(v) for v in window.values())
         summary[mode] = entry
+    return summary
+
+
+def _over_best_llama_server(runs: list[dict], mode: str) -> dict:
+    """``mode`` over llama-server's best configuration (by geomean over llama-server plain), overall and per set."""
+    configs = [m for m in LLAMA_SERVER_MODES if any(r["mode"] == m for r in runs)]
+    if LLAMA_SERVER not in configs or mode in configs:
+        return {}
+    plain = {c: ratios(runs, c, LLAMA_SERVER) if c != LLAMA_SERVER else {} for c in configs}
+
+    def best_for(pset: str | None) -> str:
+        def score(c: str) -> float:
+            if c == LLAMA_SERVER:
+                return 1.0
+            return geomean([statistics.median(v) for (ps, _), v in plain[c].items() if pset in (None, ps)])
+        return max(configs, key=score)
+
+    best = best_for(None)
+    over = ratios(runs, mode, best)
+    if not over:
+        return {}
+    summary = _summary_of(over)
+    summary["config"] = best
+    sets = list(dict.fromkeys(ps for ps, _ in over))
+    summary["by_set"], summary["config_by_set"] = {}, {}
+    for pset in sets:
+        config = best_for(pset)
+        per_set = {k: v for k, v in ratios(runs, mode, config).items() if k[0] == pset}
+        summary["by_set"][pset] = geomean([statistics.median(v) for v in per_set.values()])
+        summary["config_by_set"][pset] = config
     return summary
 
 
@@ -112,6 +151,14 @@ def _window_ratios(runs: list[dict], mode: str) -> dict:
         if values:
             out[key[1:]] = values
     return out
+
+
+def _reference_labels(summary: dict) -> list[tuple[str, str]]:
+    """(summary key, table label) of every outside reference some mode was measured over."""
+    keys = [f"over_{k}" for k in REFERENCES.values()] + [f"over_{BEST}"]
+    present = [k for k in keys if any(k in s for s in summary.values())]
+    labels = {f"over_{v}": m for m, v in REFERENCES.items()} | {f"over_{BEST}": "llama-server's best"}
+    return [(k, labels[k]) for k in present]
 
 
 def markdown(report: dict) -> str:
@@ -140,18 +187,19 @@ def markdown(report: dict) -> str:
         return f"| {label[0]} | {label[1]} | " + " | ".join(value(summary[m]) for m in modes) + " |"
 
     lines.append(row(("**all**", "**geomean / baseline**"), lambda s: f"**{s.get('speedup', 0):.2f}x**"))
-    if any("over_native" in s for s in summary.values()):
-        lines.append(row(("**all**", "**geomean / native**"),
-                         lambda s: f"**{s['over_native']['speedup']:.2f}x**" if "over_native" in s else "-"))
-        lines.append(row(("all", "worst prompt / native"),
-                         lambda s: f"{s['over_native']['min_speedup']:.2f}x" if "over_native" in s else "-"))
+    references = [(key, label) for key, label in _reference_labels(summary)]
+    for key, label in references:
+        lines.append(row(("**all**", f"**geomean / {label}**"),
+                         lambda s: f"**{s[key]['speedup']:.2f}x**" if key in s else "-"))
+        lines.append(row(("all", f"worst prompt / {label}"),
+                         lambda s: f"{s[key]['min_speedup']:.2f}x" if key in s else "-"))
     lines.append(row(("all", "worst prompt / baseline"), lambda s: f"{s.get('min_speedup', 0):.2f}x"))
     lines.append(row(("all", "spread of one repeat"), lambda s: f"±{s.get('spread', 0) / 2:.2f}"))
     for name in dict.fromkeys(pset for pset, _ in keys):
         lines.append(row((name, "geomean / baseline"), lambda s: f"{s.get('by_set', {}).get(name, 0):.2f}x"))
-        if any("over_native" in s for s in summary.values()):
-            lines.append(row((name, "geomean / native"), lambda s: f"{s['over_native']['by_set'].get(name, 0):.2f}x"
-                             if "over_native" in s else "-"))
+        for key, label in references:
+            lines.append(row((name, f"geomean / {label}"), lambda s: f"{s[key]['by_set'].get(name, 0):.2f}x"
+                             if key in s else "-"))
     if any("window_over_engine" in s for s in summary.values()):
         lines.append(row(("all", "window / engine"), lambda s: f"{s['window_over_engine']:.3f} "
                          f"(worst {s['window_over_engine_worst']:.3f})" if "window_over_engine" in s else "-"))
@@ -167,6 +215,11 @@ def markdown(report: dict) -> str:
             lines += ["", f"{m}: predicted {summary[m]['predicted_speedup']:.2f}x by the planner, realised "
                           f"{summary[m]['speedup']:.2f}x ({summary[m]['realised_over_predicted'] * 100:.0f}% of the "
                           "prediction)"]
+    best = next((s[f"over_{BEST}"] for s in summary.values() if f"over_{BEST}" in s), None)
+    if best:
+        per_set = ", ".join(f"{pset}: {config}" for pset, config in best["config_by_set"].items())
+        lines += ["", f"llama-server's best configuration (highest geomean over llama-server plain): {best['config']} "
+                      f"over all prompts; per set ({per_set})"]
     diverged = [r for r in runs if r.get("greedy_vs_baseline", "identical").split(" ")[0] not in ("identical", "")]
     if diverged:
         lines += ["", "Greedy outputs that differ from baseline (batched kernels at near-ties, see MODELS.md):"]

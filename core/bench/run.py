@@ -126,7 +126,7 @@ def runner_row(out: RunnerResult) -> dict:
     return {"new_tokens": n, "seconds": out.seconds, "tokens_per_s": n / out.seconds if out.seconds > 0 else 0.0,
             "decode_tokens_per_s": (n - 1) / decode if n > 1 and decode > 0 else 0.0,
             "time_to_first_token": out.time_to_first_token, "target_calls": None, "mean_accepted": None,
-            "acceptance_by_depth": []}
+            "acceptance_by_depth": [], "drafted": out.drafted, "accepted": out.accepted}
 
 
 def identity(base: GenerationResult, other) -> str:
@@ -157,7 +157,8 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
                 for surface in (surfaces if i % 2 == 0 else list(reversed(surfaces))):
                     setup.memory.restore(start)
                     if mode in setup.runners:
-                        out = setup.call(lambda: setup.runners[mode].run(ids, setup.max_new_tokens, setup.sampling))
+                        out = setup.call(lambda: setup.runners[mode].run(ids, setup.max_new_tokens, setup.sampling,
+                                                                         regenerate=p["regenerate"]))
                         row = runner_row(out)
                     else:
                         _forget_prompts(setup)

@@ -4,6 +4,9 @@
   would otherwise write — on the target's GGUF, with the same context size and threads and llama-cpp-python's
   default context settings, reading the very weights the target loaded.
 * ``hf-assisted``: transformers' own assisted generation (``generate(assistant_model=...)``) on the same pair.
+* ``llama-server[:ngram|:draft|:both]``: llama.cpp's own server, plain or with its own speculation
+  (core.endpoints.llama_server), on the target's GGUF (and the draft's re-quantised one) with the same threads and
+  context, fed the same prompt tokens; its own timings give the time to the first token and to the last.
 
 Each returns the same timings as the engine: the time to the first token and to the last.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from core.bench.modes import BenchError
 from core.sampling import SamplingParams
@@ -22,6 +26,20 @@ class RunnerResult:
     tokens: tuple[int, ...]
     seconds: float
     time_to_first_token: float
+    drafted: int | None = None      # what the runner's own speculation drafted and the target accepted, if it says
+    accepted: int | None = None
+
+
+class Runner(Protocol):
+    """A reference decoding outside the engine. ``regenerate``: the prompt's earlier answer is remembered by SpecLens
+    before this run (a runner that learns from what it served is shown it first; the others keep nothing)."""
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+            regenerate: bool = False) -> RunnerResult:
+        ...
+
+    def close(self) -> None:
+        ...
 
 
 class NativeRunner:
@@ -43,7 +61,8 @@ class NativeRunner:
         self.llm._model._exit_stack.pop_all()
         self._target = target   # and the target must outlive the contexts made on its weights
 
-    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> RunnerResult:
+    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+            regenerate: bool = False) -> RunnerResult:
         if sampling.seed is not None:
             self.llm.set_seed(sampling.seed)
         tokens: list[int] = []
@@ -103,7 +122,8 @@ class HFAssisted:
             self.assistant = models.load_backend(assemble(models.PAIRS[pair].draft), "hf",
                                                  device=target.device).model
 
-    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> RunnerResult:
+    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+            regenerate: bool = False) -> RunnerResult:
         import torch
 
         if not sampling.greedy:
@@ -121,3 +141,39 @@ class HFAssisted:
 
     def close(self) -> None:
         """Nothing to free beyond the models the pair owns."""
+
+
+class LlamaServerRunner:
+    """llama.cpp's own server in one configuration (core.endpoints.llama_server.CONFIGS) on the target's file and
+    threads (and the draft's file, as SpecLens drafts with it).
+
+    A configuration that learns from the requests it served (ngram-mod drafts from every earlier text) gets a fresh
+    process before each timed run, as SpecLens's own memory starts each run from the same state; a regenerated prompt
+    is first answered once, untimed, by that process, as SpecLens first remembers the earlier answer."""
+
+    def __init__(self, target, draft, config: str, binary: str | None = None) -> None:
+        from core.backends.llamacpp import LlamaCppBackend
+        from core.endpoints.llama_server import LlamaServer
+
+        if not isinstance(target, LlamaCppBackend):
+            raise BenchError("the llama-server modes need the llama.cpp backend for the target (--backend llama.cpp)")
+        draft_path = getattr(draft, "path", None) if config in ("draft", "both") else None
+        self.server = LlamaServer(target.path, binary=binary, config=config, draft=draft_path,
+                                  threads=target.n_threads, context=target.context_length)
+        self.learns = config in ("ngram", "both")
+        self.server.start()
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+            regenerate: bool = False) -> RunnerResult:
+        if self.learns:
+            self.server.restart()
+            if regenerate:
+                self.server.completion(prompt_ids, max_new_tokens, sampling)
+        out = self.server.completion(prompt_ids, max_new_tokens, sampling)
+        t = out["timings"]
+        prompt_s, decode_s = t["prompt_ms"] / 1000, t["predicted_ms"] / 1000
+        return RunnerResult(tuple(int(x) for x in out["tokens"]), prompt_s + decode_s, prompt_s,
+                            t.get("draft_n", 0), t.get("draft_n_accepted", 0))
+
+    def close(self) -> None:
+        self.server.stop()

