@@ -12,6 +12,7 @@ import sys
 SUBCOMMANDS = {
     "bench": ("core.bench", "benchmark modes on prompt sets, alternating them on the same loaded models"),
     "plan": ("core.auto.cli", "measure this machine and print the plan Auto would use"),
+    "serve": ("core.serve.cli", "an OpenAI-compatible server on this engine, with Predicted Outputs"),
     "screenshot": ("app.screenshots", "render demo scenes of the real window to PNG files, offscreen"),
     "demo": ("app.demo", "play a scripted prompt in the window, for screen recording"),
     "chat": ("app.main", "open the chat window (the default)"),

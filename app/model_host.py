@@ -1,7 +1,7 @@
 """The model pair a chat decodes with: loaded on a worker thread, then warmed up, with progress; headless.
 
 Warming runs the strategy's ``bind`` (Auto measures or loads its plan) and both models at the batch sizes decoding
-uses (app.warmup), so the first answer's first token comes as fast as a later one's. The chat session waits for
+uses (core.warmup), so the first answer's first token comes as fast as a later one's. The chat session waits for
 ``warm`` before it sends.
 """
 from __future__ import annotations
@@ -10,9 +10,9 @@ from PySide6.QtCore import QObject, Signal
 
 from app.chat.loader import load_job
 from app.settings import AppSettings, SettingsError
-from app.warmup import warm_job
 from app.worker import EngineRun
 from core.sampling import SamplingError
+from core.warmup import warm
 
 LOAD_SHARE = 0.7   # of the progress bar: loading, then warming
 
@@ -66,7 +66,9 @@ class ModelHost(QObject):
             self.warming_run = None
             self._warmed(None)
             return
-        run = EngineRun(warm_job(self.backends, self.strategy, sampling), self)
+        target, draft, strategy = *self.backends, self.strategy
+        run = EngineRun(lambda push, cancel: warm(target, draft, strategy, sampling,
+                                                  lambda fraction, text: push((fraction, text)), cancel), self)
         run.frame.connect(lambda items: self._progress(items, LOAD_SHARE, 1.0))
         run.finished.connect(lambda _, r=run: self._warmed(r))
         run.failed.connect(lambda message, r=run: self._warm_failed(r, message))

@@ -14,7 +14,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from core.backends.base import (Backend, Cancelled, ContextLengthError, Progress, check_pair, check_token_ids)
+from core.backends.base import (Backend, Cancelled, ContextLengthError, Progress, check_pair, check_token_ids,
+                                reusable_prefix)
 from core.drafting import Baseline, Drafter, Strategy, Verifier
 from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
 from core.record import GenerationRecord, Seen
@@ -72,6 +73,7 @@ class SpeculativeEngine:
         drafter = self.strategy.make_drafter(self.draft, self.sampling, rng)
         self.last_result = None
         t_start = time.perf_counter()
+        cached = reusable_prefix(self.target.committed, prompt[:-1]) if len(prompt) > 1 else 0
         try:
             self._prefill(prompt, drafter, cancel, progress)
         except Cancelled:
@@ -80,21 +82,27 @@ class SpeculativeEngine:
                 StopReason.CANCELLED)
             return
         record = GenerationRecord(self.target, prompt, time.perf_counter() - t_start, self.strategy.label,
-                                  self.sampling.greedy)
+                                  self.sampling.greedy, cached)
         rule = drafter.verify if drafter is not None else verify_tree
-        while (stop := self._stop_reason(record, max_new_tokens, cancel)) is None:
-            t0 = time.perf_counter()
-            tree = self._draft(drafter, record, max_new_tokens)
-            t1 = time.perf_counter()
-            verdict, seen, target_seconds = self._verify(tree, record, rng, rule)
-            if drafter is not None:
-                drafter.feedback(tree, verdict)
-            t2 = time.perf_counter()
-            yield record.add_step(
-                tree, verdict, seen, draft_seconds=t1 - t0, verify_seconds=t2 - t1, target_seconds=target_seconds,
-                now=t2 - t_start, note=drafter.note if drafter is not None else "",
-                shape=drafter.shape if drafter is not None else None,
-                plan=drafter.take_plan() if drafter is not None else None)
+        try:
+            while (stop := self._stop_reason(record, max_new_tokens, cancel)) is None:
+                t0 = time.perf_counter()
+                tree = self._draft(drafter, record, max_new_tokens)
+                t1 = time.perf_counter()
+                verdict, seen, target_seconds = self._verify(tree, record, rng, rule)
+                if drafter is not None:
+                    drafter.feedback(tree, verdict)
+                t2 = time.perf_counter()
+                yield record.add_step(
+                    tree, verdict, seen, draft_seconds=t1 - t0, verify_seconds=t2 - t1,
+                    target_seconds=target_seconds, now=t2 - t_start, note=drafter.note if drafter is not None else "",
+                    shape=drafter.shape if drafter is not None else None,
+                    plan=drafter.take_plan() if drafter is not None else None)
+        except GeneratorExit:
+            # the caller stopped reading (a stop sequence): what was made so far is the result, but not an answer the
+            # drafter should remember as one
+            self.last_result = record.result(StopReason.CANCELLED)
+            raise
         if drafter is not None and record.new:
             drafter.finish(prompt, record.new)
         self.last_result = record.result(stop)

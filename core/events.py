@@ -51,6 +51,8 @@ class GenerationStats:
     new_tokens: int = 0
     seconds: float = 0.0
     prefill_seconds: float = 0.0
+    prompt_tokens: int = 0          # the prompt's length ...
+    cached_tokens: int = 0          # ... and how much of it the target's cache already held (not evaluated again)
     time_to_first_token: float | None = None
     target_calls: int = 0
     draft_seconds: float = 0.0      # drafting, model calls included

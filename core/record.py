@@ -63,14 +63,15 @@ class GenerationRecord:
     """Tokens, text, totals and events of one generation; :meth:`add_step` turns a verified step into a StepEvent."""
 
     def __init__(self, target: Backend, prompt: Sequence[int], prefill_seconds: float, strategy: str,
-                 greedy: bool) -> None:
+                 greedy: bool, cached_tokens: int = 0) -> None:
         self.target = target
         self.tokens = list(prompt)
         self.new: list[int] = []
         self.origins: list[Origin] = []
         self.events: list[StepEvent] = []
         self.text_parts: list[str] = []
-        self.stats = GenerationStats(prefill_seconds=prefill_seconds)
+        self.stats = GenerationStats(prefill_seconds=prefill_seconds, prompt_tokens=len(self.tokens),
+                                     cached_tokens=cached_tokens)
         self.strategy = strategy
         self.greedy = greedy
         self.decoder = IncrementalDecoder(target)

@@ -324,15 +324,13 @@ def test_settings_that_cannot_generate_during_warm_up_give_the_waiting_message_b
                                                                                       monkeypatch):
     import app.model_host as host
 
-    release, warm_job = threading.Event(), host.warm_job
+    release, warm = threading.Event(), host.warm
 
-    def held_warm_job(*args):
-        def job(push, cancel):
-            release.wait(TIMEOUT / 1000)
-            return warm_job(*args)(push, cancel)
-        return job
+    def held_warm(*args):
+        release.wait(TIMEOUT / 1000)
+        return warm(*args)
 
-    monkeypatch.setattr(host, "warm_job", held_warm_job)
+    monkeypatch.setattr(host, "warm", held_warm)
     window = make_window(wait=False)
     qtbot.waitUntil(lambda: window.session.ready, timeout=TIMEOUT)
     qtbot.keyClicks(window.prompt, "sent while warming")

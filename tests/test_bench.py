@@ -16,7 +16,7 @@ from core.auto.costs import Latencies
 from core.auto.plan import Plan
 from core.bench.prompts import read_prompts
 from core.bench.report import ratios
-from core.bench.run import EngineSurface, attach_memory
+from core.bench.run import EngineSurface, attach_memories
 from core.memory import SuffixMemory
 from core.sampling import Rng, SamplingParams
 
@@ -219,7 +219,7 @@ def test_sampled_multidraft_runs_score_both_verifiers_on_their_own_drafts(tmp_pa
 
 
 def test_auto_noresume_reaches_the_memory_drafter() -> None:
-    strategies = attach_memory({m: bench.strategy_for(m) for m in ("auto", "auto:noresume")}, SuffixMemory("x"))
+    strategies = attach_memories({m: bench.strategy_for(m) for m in ("auto", "auto:noresume")}, SuffixMemory("x"))
     for mode, resume in (("auto", True), ("auto:noresume", False)):
         auto = strategies[mode]
         auto.plan = Plan({}, Latencies({1: 0.1, 2: 0.15}))

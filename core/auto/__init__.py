@@ -3,6 +3,6 @@
 ``cache`` (plans on disk), ``estimates`` (what is learned while decoding), ``policy`` (the per-step choice),
 ``strategy`` (the Strategy the engine binds), ``cli`` (`speclens plan`)."""
 from core.auto.plan import Plan, plan_key
-from core.auto.strategy import Auto, get_plan
+from core.auto.strategy import Auto, attach_memory, get_plan
 
-__all__ = ["Auto", "Plan", "get_plan", "plan_key"]
+__all__ = ["Auto", "Plan", "attach_memory", "get_plan", "plan_key"]

@@ -11,7 +11,7 @@ from core.auto.plan import Plan, plan_key
 from core.auto.policy import AutoDrafter
 from core.auto.step_costs import StepCosts
 from core.drafting import ModelDrafter
-from core.memory import MemoryDrafter, SuffixMemory, open_memory
+from core.memory import Memory, MemoryDrafter, SuffixMemory, open_memory
 from core.sampling import Rng, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -95,3 +95,13 @@ class Auto:
         memory = MemoryDrafter(self.memory if self.use_memory else None, resume=self.resume)
         self.last_drafter = AutoDrafter(self.plan, memory, model, self._replanned, self.step_costs, self.clock)
         return self.last_drafter
+
+
+def attach_memory(strategy, memory: SuffixMemory):
+    """``strategy`` drafting from ``memory`` instead of the user's memory of earlier texts (Auto, Memory); any other
+    strategy as it is."""
+    if isinstance(strategy, Auto):
+        return Auto(memory=memory, resume=strategy.resume)
+    if isinstance(strategy, Memory):
+        return strategy.attached(memory)
+    return strategy

@@ -25,7 +25,7 @@ from core.bench.modes import (
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
 from core.bench.run import (
-    BenchSetup, ComparedSurface, EngineSurface, attach_memory, here, run_bench, stderr_log,
+    BenchSetup, ComparedSurface, EngineSurface, attach_memories, here, run_bench, stderr_log,
 )
 from core.bench.runners import HFAssisted, LlamaServerRunner, NativeRunner
 from core.bench.same_drafts import scored
@@ -155,7 +155,7 @@ def _run(args, modes, prompts, encoded, sampling, target, draft, runners, surfac
 
     with tempfile.TemporaryDirectory(prefix="speclens-bench-memory-") as empty:
         memory = open_memory(target.fingerprint(), args.memory or empty, read_only=True)
-        strategies = scored(attach_memory({m: None if m in runners else strategy_for(m) for m in modes}, memory),
+        strategies = scored(attach_memories({m: None if m in runners else strategy_for(m) for m in modes}, memory),
                             sampling)
         chosen, call, extra = [EngineSurface()], here, None
         if args.surface != "engine":

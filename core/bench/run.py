@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, TypeVar
 
-from core.auto import Auto
+from core.auto import Auto, attach_memory
 from core.bench.modes import HF_ASSISTED, NATIVE
 from core.bench.runners import RunnerResult
 from core.bench.same_drafts import SameDrafts
@@ -23,7 +23,6 @@ from core.divergence import compare_greedy
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult
-from core.memory import Memory
 from core.sampling import SamplingParams
 
 Log = Callable[[str], None]
@@ -88,16 +87,9 @@ class BenchSetup:
     call: Callable = here     # runs a computation where the surfaces decode (ComparedSurface.call)
 
 
-def attach_memory(strategies: dict, memory) -> dict:
+def attach_memories(strategies: dict, memory) -> dict:
     """The strategies with the bench's own memory in place of the user's (Auto, Memory)."""
-    out = {}
-    for mode, strategy in strategies.items():
-        if isinstance(strategy, Auto):
-            strategy = Auto(memory=memory, resume=strategy.resume)
-        elif isinstance(strategy, Memory):
-            strategy = strategy.attached(memory)
-        out[mode] = strategy
-    return out
+    return {mode: attach_memory(strategy, memory) for mode, strategy in strategies.items()}
 
 
 def engine_row(result: GenerationResult, strategy) -> dict:
@@ -213,5 +205,5 @@ def stderr_log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-__all__ = ["BenchSetup", "EngineSurface", "HF_ASSISTED", "NATIVE", "Surface", "attach_memory", "here", "run_bench",
+__all__ = ["BenchSetup", "EngineSurface", "HF_ASSISTED", "NATIVE", "Surface", "attach_memories", "here", "run_bench",
            "stderr_log"]

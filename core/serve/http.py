@@ -1,0 +1,304 @@
+"""The OpenAI-compatible HTTP face of the engine (FastAPI): it only translates.
+
+Requests become engine jobs (core.serve.job) with a cancel event, queued in order on the one engine thread; the
+job's items become OpenAI's JSON or server-sent events; finished requests become metrics. Every refusal has OpenAI's
+error shape (``{"error": {"message", "type", "param", "code"}}``) and a 4xx status, and no traceback ever reaches a
+client. A client that goes away cancels its generation within one step.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from core.serve.executor import Executor
+from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
+from core.serve.metrics import CONTENT_TYPE, ServerMetrics
+from core.serve.request import RequestError, ServeRequest, parse
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 16 * 2**20      # bytes: a long file to edit and its prediction fit many times over
+POLL_S = 0.25              # how often a waiting request looks whether its client is still there
+FINGERPRINT = "speclens"
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: BaseException
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Queue:
+    """Requests submitted and not yet finished, and whether one is decoding (for --max-queue and the status bar)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.pending = 0
+        self.running = 0
+        self.metrics = metrics
+        self.lock = threading.Lock()
+        self.listeners: list = []
+
+    @property
+    def waiting(self) -> int:
+        return self.pending - self.running
+
+    def change(self, pending: int = 0, running: int = 0) -> None:
+        with self.lock:
+            self.pending += pending
+            self.running += running
+            waiting, running_now = self.waiting, self.running
+        self.metrics.queue(waiting, running_now)
+        for listener in self.listeners:
+            listener(waiting, running_now)
+
+
+def _error(exc: RequestError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def create_app(models: ServedModels, executor: Executor, *, api_key: str | None = None, max_queue: int = 16,
+               observer: Observer | None = None, max_body: int = MAX_BODY) -> FastAPI:
+    """The ASGI app serving ``models`` on ``executor`` (its one engine thread)."""
+    app = FastAPI(title="SpecLens", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = ServerMetrics(models.name)
+    queue = _Queue(metrics)
+    app.state.queue, app.state.metrics, app.state.models = queue, metrics, models
+    created = int(time.time())
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
+        metrics.refused(exc.status)
+        return _error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        metrics.refused(exc.status_code)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(RequestError(str(exc.detail), exc.status_code, kind=kind))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(RequestError(f"invalid request: {exc.errors()[:1]}"))
+
+    @app.exception_handler(_ClientGone)
+    async def client_gone(request: Request, exc: _ClientGone) -> Response:
+        return Response(status_code=499)   # nobody is there to read it (nginx's "client closed request")
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("serving %s failed", request.url.path)
+        metrics.refused(500)
+        return _error(RequestError(f"the server failed to answer: {type(exc).__name__}: {exc}", 500,
+                                   kind="server_error"))
+
+    @app.middleware("http")
+    async def authorise(request: Request, call_next):
+        if api_key and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                metrics.refused(401)
+                return _error(RequestError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.",
+                                           401, code="invalid_api_key"))
+        response = await call_next(request)
+        response.headers["X-Served-By"] = FINGERPRINT
+        return response
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": models.name, "waiting": queue.waiting, "running": queue.running}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [{"id": models.name, "object": "model", "created": created,
+                                            "owned_by": FINGERPRINT,
+                                            "max_model_len": models.target.context_length}]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _complete(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _complete(request, chat=False)
+
+    async def _complete(request: Request, chat: bool):
+        body = await _json_body(request, max_body)
+        req = parse(body, chat, models.target.context_length)
+        if req.model and req.model != models.name:
+            raise RequestError(f"The model '{req.model}' does not exist here: this server has '{models.name}' "
+                               "(GET /v1/models).", 404, param="model", code="model_not_found")
+        if queue.pending and queue.waiting >= max_queue:   # it would have to wait, and enough already do
+            raise RequestError(f"{queue.waiting} requests are already waiting (--max-queue {max_queue}); try again "
+                               "shortly.", 503, code="server_busy", kind="server_error", headers={"Retry-After": "5"})
+        client = f"{request.client.host}:{request.client.port}" if request.client else "?"
+        agent = request.headers.get("user-agent", "")
+        items, cancel = _submit(req, f"{client} {agent}".strip())
+        first = await _next(items, request, cancel)
+        if isinstance(first, _Failed):
+            raise first.error
+        reply = _Reply(req, models.name, chat)
+        if req.stream:
+            return StreamingResponse(_stream(reply, items, request, cancel), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(reply.whole(await _collect(items, request, cancel)))
+
+    def _submit(req: ServeRequest, client: str) -> tuple[asyncio.Queue, threading.Event]:
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def push(item) -> None:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+
+        def job() -> None:
+            if cancel.is_set():   # its client left while it waited
+                return
+            queue.change(running=1)
+            try:
+                run_request(models, req, push, cancel, observer, client)
+            finally:
+                queue.change(running=-1)
+
+        def done(future) -> None:
+            queue.change(pending=-1)
+            if future.exception() is not None:
+                push(_Failed(future.exception()))
+
+        queue.change(pending=1)
+        executor.submit(job).add_done_callback(done)
+        return items, cancel
+
+    async def _collect(items: asyncio.Queue, request: Request, cancel: threading.Event) -> list:
+        out = []
+        while True:
+            item = await _next(items, request, cancel)
+            out.append(item)
+            if isinstance(item, Finished):
+                _record(item)
+                return out
+            if isinstance(item, _Failed):
+                raise item.error
+
+    async def _stream(reply: "_Reply", items: asyncio.Queue, request: Request,
+                      cancel: threading.Event) -> AsyncIterator[str]:
+        try:
+            yield reply.sse(reply.opening())
+            while True:
+                item = await _next(items, request, cancel)
+                if isinstance(item, Delta):
+                    yield reply.sse(reply.delta(item.text))
+                elif isinstance(item, Finished):
+                    _record(item)
+                    for chunk in reply.closing(item):
+                        yield reply.sse(chunk)
+                    yield "data: [DONE]\n\n"
+                    return
+                elif isinstance(item, _Failed):   # after the stream began: said in-band, as OpenAI does
+                    log.warning("a streamed request failed: %s", item.error)
+                    yield reply.sse(RequestError(f"generation failed: {item.error}", 500, kind="server_error").body())
+                    return
+        except _ClientGone:
+            return
+        finally:
+            cancel.set()   # a client that went away stops its generation within one step
+
+    def _record(finished: Finished) -> None:
+        metrics.observe(finished.result, finished.finish_reason, finished.usage)
+
+    return app
+
+
+async def _json_body(request: Request, limit: int):
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"the request body is {int(declared)} bytes; the limit is {limit}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(f"the request body is over the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+
+
+async def _next(items: asyncio.Queue, request: Request, cancel: threading.Event):
+    """The job's next item; cancels the job and gives up if the client disconnects meanwhile."""
+    while True:
+        try:
+            return await asyncio.wait_for(items.get(), POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                cancel.set()
+                raise _ClientGone() from None
+
+
+class _Reply:
+    """OpenAI's response shapes for one request: a chat completion or a text completion, whole or streamed."""
+
+    def __init__(self, req: ServeRequest, model: str, chat: bool) -> None:
+        self.req, self.model, self.chat = req, model, chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": FINGERPRINT}
+
+    def _chunk(self, choice: dict) -> dict:
+        head = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        out = {**head, "choices": [{"index": 0, **choice, "logprobs": None}]}
+        if self.req.include_usage:
+            out["usage"] = None
+        return out
+
+    def opening(self) -> dict:
+        return self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None} if self.chat
+                           else {"text": "", "finish_reason": None})
+
+    def delta(self, text: str) -> dict:
+        return self._chunk({"delta": {"content": text}, "finish_reason": None} if self.chat
+                           else {"text": text, "finish_reason": None})
+
+    def closing(self, finished: Finished) -> list[dict]:
+        """The finish chunk, then the usage chunk when asked; llama-server's timings ride on the last one."""
+        last = self._chunk({"delta": {}, "finish_reason": finished.finish_reason} if self.chat
+                           else {"text": "", "finish_reason": finished.finish_reason})
+        chunks = [last]
+        if self.req.include_usage:
+            chunks.append({**self._head(last["object"]), "choices": [], "usage": finished.usage})
+        chunks[-1]["timings"] = finished.timings
+        return chunks
+
+    def whole(self, items: list) -> dict:
+        finished = items[-1]
+        choice = ({"message": {"role": "assistant", "content": finished.text}} if self.chat
+                  else {"text": finished.text})
+        return {**self._head("chat.completion" if self.chat else "text_completion"),
+                "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": finished.finish_reason}],
+                "usage": finished.usage, "timings": finished.timings}
+
+    @staticmethod
+    def sse(payload: dict) -> str:
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

@@ -1,0 +1,190 @@
+"""One served request as an engine job: template, check, draft from the client's prediction, decode, report.
+
+It runs on the engine thread (the executor's) and pushes plain items for the HTTP layer to translate: ``Started``
+(the prompt was accepted), ``Delta`` (text that may be sent, stop sequences held back and cut), then ``Finished``
+(finish reason, OpenAI's ``usage``, llama-server's ``timings``). The engine itself is the chat's: the same strategy
+objects, verifiers and lossless guarantees; a prediction is only a memory document for this request.
+"""
+from __future__ import annotations
+
+import difflib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from core.auto import attach_memory
+from core.backends.base import reusable_prefix
+from core.engine import SpeculativeEngine
+from core.events import GenerationResult, StepEvent, StopReason
+from core.memory import SuffixMemory
+from core.sampling import Rng
+from core.serve.request import RequestError, ServeRequest
+from core.serve.stops import StopText
+
+
+@dataclass(frozen=True)
+class Started:
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str          # "stop", "length", or "cancelled" (the client went away)
+    text: str
+    usage: dict
+    timings: dict
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class ServedRecord:
+    """A finished request as the window lists it: who asked, what, and how it was decoded."""
+
+    client: str
+    request: ServeRequest
+    prompt_ids: tuple[int, ...]
+    finished: Finished
+    started_at: float            # time.time() when decoding began
+
+
+class Observer:
+    """What watches served requests (the window): every step as it is decoded, and each finished request. Called on
+    the engine thread."""
+
+    def started(self, client: str, request: ServeRequest, strategy: str) -> None:
+        """A request begins decoding."""
+
+    def step(self, event: StepEvent) -> None:
+        """One step of the request being decoded."""
+
+    def finished(self, record: ServedRecord) -> None:
+        """The request ended (whatever the reason)."""
+
+
+@dataclass
+class ServedModels:
+    """The pair a server decodes with, its strategy, and the memory its drafts copy from: this process's own (never
+    the user's chat memory), holding a request's prediction while that request decodes and, unless
+    ``remember_answers`` is off, the answers served so far."""
+
+    target: object
+    draft: object
+    strategy: object
+    name: str
+    remember_answers: bool = True
+    rng_factory: Callable = Rng      # the random source of each request's engine (tests enumerate it exactly)
+    memory: SuffixMemory = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.memory = SuffixMemory(self.target.fingerprint())
+        self._empty = self.memory.snapshot()
+        self.strategy = attach_memory(self.strategy, self.memory)
+
+    def prompt_ids(self, request: ServeRequest) -> list[int]:
+        if request.chat:
+            return self.target.apply_chat_template(list(request.messages))
+        return self.target.tokenize(request.prompt)
+
+
+def accepted_prediction_tokens(prediction: Sequence[int], completion: Sequence[int]) -> int:
+    """OpenAI's definition: the tokens of the prediction that appeared in the completion (matched in order)."""
+    matcher = difflib.SequenceMatcher(None, list(prediction), list(completion), autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks())
+
+
+def _limits(models: ServedModels, request: ServeRequest, prompt: list[int]) -> int:
+    """How many tokens may be generated: ``max_tokens``, within the context; RequestError when it cannot fit."""
+    context = models.target.context_length
+    room = context - len(prompt)
+    where = "messages" if request.chat else "prompt"
+    if room < 1:
+        raise RequestError(f"This model's maximum context length is {context} tokens, but the {where} has "
+                           f"{len(prompt)} tokens. Shorten it.", param=where, code="context_length_exceeded")
+    if request.max_tokens is not None and request.max_tokens > room:
+        raise RequestError(f"This model's maximum context length is {context} tokens: the {where} has {len(prompt)} "
+                           f"tokens, so at most {room} can be generated, not {request.max_tokens}.",
+                           param="max_tokens", code="context_length_exceeded")
+    return request.max_tokens or room
+
+
+def _timings(result: GenerationResult) -> dict:
+    """llama-server's timing names (with ``draft_n_verif_steps``, the steps that verified a draft)."""
+    s = result.stats
+    first = s.time_to_first_token or s.seconds
+    return {"prompt_n": s.prompt_tokens - s.cached_tokens, "prompt_ms": 1000 * first, "cache_n": s.cached_tokens,
+            "predicted_n": s.new_tokens, "predicted_ms": 1000 * (s.seconds - first),
+            # as llama-server: the first token comes with the prompt, the rest in the decode time (0 when there is none)
+            "predicted_per_second": (s.new_tokens - 1) / (s.seconds - first) if s.seconds > first else 0.0,
+            "draft_n": s.drafted, "draft_n_accepted": s.accepted,
+            "draft_n_verif_steps": sum(1 for step in result.steps if step.nodes)}
+
+
+def _usage(result: GenerationResult, prediction: Sequence[int] | None) -> dict:
+    s = result.stats
+    usage = {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
+             "total_tokens": s.prompt_tokens + s.new_tokens,
+             "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
+    if prediction is not None:
+        accepted = accepted_prediction_tokens(prediction, result.tokens)
+        usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                              "rejected_prediction_tokens": len(prediction) - accepted}
+    return usage
+
+
+def run_request(models: ServedModels, request: ServeRequest, push: Callable[[object], None],
+                cancel: threading.Event, observer: Observer | None = None, client: str = "") -> None:
+    """Decode ``request`` on the calling (engine) thread, pushing Started, Deltas and Finished; RequestError before
+    Started when the request cannot be served. ``cancel`` (a client that went away) stops it within one step."""
+    target = models.target
+    prompt = models.prompt_ids(request)
+    max_new = _limits(models, request, prompt)
+    prediction = target.tokenize(request.prediction) if request.prediction else None
+    memory = models.memory
+    before = memory.snapshot() if models.remember_answers else models._empty
+    memory.restore(before)
+    if prediction:
+        memory.add_document(prediction, source="prediction")
+    engine = SpeculativeEngine(target, models.draft, models.strategy, request.sampling,
+                               rng_factory=models.rng_factory)
+    push(Started(len(prompt), reusable_prefix(target.committed, prompt[:-1]) if len(prompt) > 1 else 0))
+    if observer is not None:
+        observer.started(client, request, models.strategy.label)
+    stops = StopText(request.stop)
+    started_at = time.time()
+    steps = engine.stream(prompt, max_new, cancel)
+    try:
+        for event in steps:
+            if observer is not None:
+                observer.step(event)
+            out = stops.push(event.text)
+            if out:
+                push(Delta(out))
+            if stops.stopped:
+                break
+    finally:
+        steps.close()   # at a stop sequence the engine ends here: nothing after it is decoded
+        # the prediction was this request's alone; what the server answered is remembered (unless it should not be)
+        memory.restore(before)
+    result = engine.last_result
+    if models.remember_answers and result.tokens:
+        memory.add_answer(prompt, result.tokens)
+    tail = stops.flush()
+    if tail:
+        push(Delta(tail))
+    if stops.stopped or result.stop_reason == StopReason.EOS:
+        reason = "stop"
+    elif result.stop_reason == StopReason.CANCELLED:
+        reason = "cancelled"
+    else:
+        reason = "length"
+    finished = Finished(reason, stops.text, _usage(result, prediction), _timings(result), result)
+    push(finished)
+    if observer is not None:
+        observer.finished(ServedRecord(client, request, tuple(prompt), finished, started_at))

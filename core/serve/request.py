@@ -1,0 +1,149 @@
+"""An OpenAI request, checked and turned into what the engine needs; every refusal in OpenAI's error shape.
+
+Chat completions take ``messages`` (text content, or a list of text parts); text completions take ``prompt`` (a
+string). Both take ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
+``n`` (1 only), ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the
+answer is expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from core.sampling import SamplingError, SamplingParams
+
+MAX_STOPS = 4              # as OpenAI
+ROLES = ("system", "user", "assistant", "developer")
+
+
+class RequestError(Exception):
+    """A request that cannot be served, as OpenAI reports it: an HTTP status and ``{"error": {...}}``."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """One generation asked over HTTP: messages (chat) or a prompt (text completion), how to sample, when to stop."""
+
+    model: str
+    messages: tuple[dict, ...] | None
+    prompt: str | None
+    max_tokens: int | None          # None: as many as the context allows
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    prediction: str | None
+
+    @property
+    def chat(self) -> bool:
+        return self.messages is not None
+
+
+def _number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise RequestError(f"'{name}' must be {'an integer' if integer else 'a number'}, not {value!r}", param=name)
+    if not math.isfinite(value) or not low <= value <= high:
+        raise RequestError(f"'{name}' must be between {low:g} and {high:g}, got {value!r}", param=name)
+    return value
+
+
+def _text_of(content, where: str) -> str:
+    """A message's content as text: a string, or a list of text parts (other kinds of part are refused)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"{where}: only text content parts are supported, not {kind!r}", param=where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"{where} must be a string or a list of text parts", param=where)
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list of {role, content}", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise RequestError(f"{where} needs a 'role' of {', '.join(ROLES)}", param=where)
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": _text_of(m.get("content"), f"{where}.content")})
+    return tuple(out)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
+        raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOPS}", param="stop")
+    return tuple(stops)
+
+
+def _prediction(body: dict) -> str | None:
+    prediction = body.get("prediction")
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise RequestError("'prediction' must be {\"type\": \"content\", \"content\": ...}", param="prediction")
+    return _text_of(prediction.get("content"), "prediction.content")
+
+
+def parse(body, chat: bool, context_length: int) -> ServeRequest:
+    """The request in ``body`` (parsed JSON) for a chat (``chat``) or text completion; RequestError if unusable."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise RequestError("'model' must be a string", param="model")
+    if _number(body, "n", 1, 1, 128, integer=True) != 1:
+        raise RequestError("only n=1 is supported: one engine decodes one answer at a time", param="n")
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _number({name: limit}, name, None, 1, context_length, integer=True)
+    min_tokens = _number(body, "min_tokens", 0, 0, context_length, integer=True)
+    if body.get("ignore_eos") is True:
+        min_tokens = max_tokens or context_length
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    seed = _number(body, "seed", None, 0, 2**63 - 1, integer=True)
+    try:
+        sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p) if top_p > 0 else 1e-9,
+                                  seed=seed, min_tokens=min_tokens)
+    except SamplingError as exc:
+        raise RequestError(str(exc)) from None
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("'stream' must be true or false", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise RequestError("'stream_options' must be an object", param="stream_options")
+    if chat:
+        messages, prompt = _messages(body), None
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise RequestError("'prompt' must be a non-empty string", param="prompt")
+        messages = None
+    return ServeRequest(model, messages, prompt, max_tokens, sampling, _stop(body), stream,
+                        bool(options.get("include_usage", False)), _prediction(body))
