@@ -20,6 +20,7 @@ from app.chat.prompt_edit import PromptEdit
 from app.chat.sidebar import ConversationSidebar, ask_export_path
 from app.chat.transcript import TranscriptView
 from app.compare.compare_widget import open_race
+from app.serve_panel import ServedList, ServeControl
 from app.session import ChatSession
 from app.settings import AppSettings, SettingsError
 from app.settings_dialog import SettingsDialog
@@ -70,6 +71,10 @@ class MainWindow(QMainWindow):
         self.new_action = self._action(toolbar, "New chat", "Ctrl+N", self.session.new_chat)
         self.settings_action = self._action(toolbar, "Settings", "Ctrl+,", self.open_settings)
         self.race_action = self._action(toolbar, "Race vs plain", "Ctrl+R", self.open_race)
+        self.serve_action = self._action(toolbar, "Serve", None, self._toggle_serve)
+        self.serve_action.setCheckable(True)
+        self.serve_action.setToolTip("Answer editors and OpenAI clients with these models at "
+                                     "http://127.0.0.1:PORT/v1 (port in Settings), with Predicted Outputs")
         self.theme_action = self._action(toolbar, self._theme_action_text(), None, self.toggle_theme)
         self.origins_action = self._action(toolbar, "Highlight draft tokens", None, self._toggle_origins)
         self.origins_action.setCheckable(True)
@@ -84,6 +89,13 @@ class MainWindow(QMainWindow):
         self.export_md_action = self._action(toolbar, "Export Markdown", None, lambda: self._ask_export("md"))
 
         self.sidebar = ConversationSidebar()
+        self.served_list = ServedList()
+        left = QSplitter(Qt.Orientation.Vertical)
+        left.addWidget(self.sidebar)
+        left.addWidget(self.served_list)
+        left.setStretchFactor(0, 3)
+        left.setStretchFactor(1, 1)
+        left.setSizes([600, 200])
         chat = QWidget()
         column = QVBoxLayout(chat)
         column.setContentsMargins(0, 0, 0, 8)
@@ -103,6 +115,17 @@ class MainWindow(QMainWindow):
         self.edit_banner.setContentsMargins(18, 0, 18, 0)
         self.edit_banner.setVisible(False)
         column.addWidget(self.edit_banner)
+        self.served_banner = QWidget()
+        served_row = QHBoxLayout(self.served_banner)
+        served_row.setContentsMargins(18, 0, 18, 0)
+        served_label = QLabel("A served request: not in your chat history. Sending a message keeps it as a chat.")
+        served_label.setObjectName("EditBanner")
+        self.keep_button = QPushButton("Keep in history")
+        self.keep_button.clicked.connect(self.session.keep_open)
+        served_row.addWidget(served_label, 1)
+        served_row.addWidget(self.keep_button)
+        self.served_banner.setVisible(False)
+        column.addWidget(self.served_banner)
         input_row = QHBoxLayout()
         input_row.setContentsMargins(16, 0, 16, 0)
         self.prompt = PromptEdit()
@@ -122,7 +145,7 @@ class MainWindow(QMainWindow):
 
         self.viz = VizPanel()
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(left)
         self.splitter.addWidget(chat)
         self.splitter.addWidget(self.viz)
         self.splitter.setStretchFactor(0, 0)
@@ -135,6 +158,9 @@ class MainWindow(QMainWindow):
         self.pair_label, self.device_label, self.strategy_label, self.speed_label = (QLabel() for _ in range(4))
         for label in (self.pair_label, self.device_label, self.strategy_label):
             bar.addWidget(label)
+        self.serve_label = QLabel()
+        bar.addWidget(self.serve_label)
+        self.serve = ServeControl(self.session, self.viz, self.served_list, self)
         self.progress = QProgressBar()
         self.progress.setFixedWidth(220)
         self.progress.setVisible(False)
@@ -186,6 +212,11 @@ class MainWindow(QMainWindow):
         s.status.connect(lambda text: self.statusBar().showMessage(text, STATUS_MS))
         s.error.connect(self.show_message)
         s.input_returned.connect(self._return_input)
+        s.unkept_changed.connect(self.served_banner.setVisible)
+        s.models_ready.connect(lambda _: self._serve_new_models())
+        self.served_list.open_requested.connect(self.open_served)
+        self.serve.status.connect(self.serve_label.setText)
+        self.serve.error.connect(self.show_message)
 
     # ----------------------------------------------------------------- messages to the user
     def show_message(self, title: str, text: str, icon=QMessageBox.Icon.Critical) -> QMessageBox:
@@ -341,6 +372,25 @@ class MainWindow(QMainWindow):
         self.legend.setText(f'<span style="background-color:{tint}; color:{self.theme["text"]};">&nbsp;accepted '
                             f'draft&nbsp;</span>&nbsp; plain: target token' if self.settings.color_origins else "")
 
+    def _toggle_serve(self) -> None:
+        on = self.serve_action.isChecked()
+        if not self.serve.set_serving(on):
+            self.serve_action.setChecked(False)
+
+    def _serve_new_models(self) -> None:
+        """Newly loaded models: a running server goes on with them."""
+        if self.serve.running:
+            self.serve.set_serving(False)
+            self.serve_action.setChecked(self.serve.set_serving(True))
+
+    def open_served(self, record) -> None:
+        """Open a served request like a chat, and replay its decoding in the live view."""
+        if self.session.open_served(record):
+            result = record.finished.result
+            self.viz.on_generation_started(f"served: {result.steps[-1].strategy if result.steps else ''}")
+            self.viz.on_steps(result.steps)
+            self.viz.on_finished(result)
+
     def open_race(self):
         """Race the chat's strategy against plain decoding on the last question (see app.compare)."""
         self.race = open_race(self, self.session)
@@ -390,6 +440,7 @@ class MainWindow(QMainWindow):
             self.race.close()
         for box in list(self.dialogs):
             box.close()
+        self.serve.set_serving(False)
         if self.session.close() or self._discard_unsaved:
             super().closeEvent(event)
             return

@@ -95,6 +95,7 @@ class ChatSession(QObject):
     status = Signal(str)                  # a passing status-bar line
     error = Signal(str, str)              # title, text: a dialog
     input_returned = Signal(str)          # text given back to the input box (a message that could not be sent)
+    unkept_changed = Signal(bool)         # the open conversation is a served request not (yet) kept in the history
 
     def __init__(self, settings: AppSettings, store: HistoryStore, load=None, persist: bool = True) -> None:
         super().__init__()
@@ -115,6 +116,7 @@ class ChatSession(QObject):
         self._closed = False
         self._unsaved = 0                      # negative ids of conversations not (yet) in the history file
         self._last: _Answered | None = None    # the last answer this session finished
+        self._unkept: Conversation | None = None   # an opened served request, shown but not in the history
         self.writer = HistoryWriter(store, self)
         self.writer.failed.connect(self.error)
         self.writer.status.connect(self.status)
@@ -197,9 +199,44 @@ class ChatSession(QObject):
             self.status.emit(BUSY_REASON)
             return False
         self.conv = None
+        self._forget_unkept()
         self.conversation_opened.emit(None)
         self.refresh_conversations()
         return True
+
+    def open_served(self, record) -> bool:
+        """Show a served request (core.serve.job.ServedRecord) like a chat: its messages and the answer the server
+        gave, decoded as it was. It is not in the history unless kept (:meth:`keep_open`, or a message sent in it)."""
+        if self.busy:
+            self.status.emit(BUSY_REASON)
+            return False
+        req, finished = record.request, record.finished
+        messages = list(req.messages) if req.chat else [{"role": "user", "content": req.prompt}]
+        turns = [m for m in messages if m["role"] in ("user", "assistant")] or [{"role": "user", "content": ""}]
+        first = (turns[-1]["content"].strip().splitlines() or [""])[0]
+        self._unsaved -= 1
+        conv = Conversation(self._unsaved, storable(f"Served: {first[:TITLE_CHARS]}"),
+                            storable("\n".join(m["content"] for m in messages if m["role"] == "system")))
+        conv.messages = [Message(m["role"], storable(m["content"])) for m in turns]
+        result = finished.result
+        origins = "".join(origin_codes(step, 0, len(step.text)) for step in result.steps)[:len(finished.text)]
+        conv.messages.append(Message("assistant", storable(finished.text), origins.ljust(len(finished.text)),
+                                     stats_record(result.stats, result.steps[-1].strategy if result.steps else "",
+                                                  result.stop_reason)))
+        self.conv, self._unkept = conv, conv
+        self.conversation_opened.emit(conv)
+        self.unkept_changed.emit(True)
+        return True
+
+    def keep_open(self) -> None:
+        """Write the open served request into the history as a conversation of its own."""
+        conv, self._unkept = self._unkept, None
+        if conv is None or conv is not self.conv:
+            return
+        self.writer.create(conv)
+        for message in conv.messages:
+            self.writer.run("the message", lambda store, m=message: store.add_message(conv.id, m))
+        self.unkept_changed.emit(False)
 
     def open_conversation(self, conversation_id: int) -> bool:
         if self.busy:
@@ -210,6 +247,7 @@ class ChatSession(QObject):
             return False
         try:
             self.conv = self.store.conversation(conversation_id)
+            self._forget_unkept()
         except HistoryError as exc:
             self.error.emit("Chat history", f"Could not open the conversation: {exc}")
             self.refresh_conversations()
@@ -249,6 +287,8 @@ class ChatSession(QObject):
         if self.conv is not None and text != self.conv.system_prompt:
             conv = self.conv
             conv.system_prompt = text
+            if conv is self._unkept:
+                return   # written with the rest if the user keeps it
             self.writer.run("the system prompt", lambda store: store.set_system_prompt(conv.id, storable(text)))
 
     def _deleted_elsewhere(self) -> None:
@@ -256,6 +296,11 @@ class ChatSession(QObject):
             self.error.emit("Chat history", f"The conversation “{self.conv.title}” was deleted in another window; "
                                             "its messages stay on screen until you switch chats, but no longer save.")
         self.refresh_conversations()
+
+    def _forget_unkept(self) -> None:
+        if self._unkept is not None:
+            self._unkept = None
+            self.unkept_changed.emit(False)
 
     def _history_reopened(self) -> None:
         """Another window replaced the file with a repaired one: read the new file too."""
@@ -297,6 +342,8 @@ class ChatSession(QObject):
             return True
         if self.conv is None:
             self._new_conversation(text, storable(system_prompt or ""))
+        elif self.conv is self._unkept:   # going on with a served request makes it a chat of the user's
+            self.keep_open()
         if replacing is not None:
             self._truncate_from(replacing)
         question = Message("user", text)
@@ -320,6 +367,8 @@ class ChatSession(QObject):
             return False
         if not self.conv.messages or self.conv.messages[-1].role != "assistant" or not self._can_generate():
             return False
+        if self.conv is self._unkept:
+            self.keep_open()
         old = self.conv.messages[-1]
         replaced = self._last if self._last is not None and self._last.message is old else None
         self._truncate_from(old)

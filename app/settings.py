@@ -148,7 +148,7 @@ def strategy_options() -> list[StrategyOption]:
 # The whole numbers a setting may hold: what the settings dialog offers, and all a saved settings.ini may say
 RANGES = {"chain_k": (1, 64), "multi_k": (1, 32), "multi_length": (1, 32), "ngram_k": (1, 64),
           "tree_budget": (2, 128), "tree_depth": (1, 32), "top_k": (0, 1_000_000), "seed": (-1, 2**31 - 1),
-          "max_new_tokens": (1, 32768), "min_new_tokens": (0, 32768)}
+          "max_new_tokens": (1, 32768), "min_new_tokens": (0, 32768), "serve_port": (1024, 65535)}
 # the sampling settings SamplingParams checks itself, by the name it gives them
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p"}
 
@@ -178,6 +178,7 @@ class AppSettings:
     min_new_tokens: int = 0        # end-of-text is barred before this many tokens (0: off)
     theme: str = "light"
     color_origins: bool = True
+    serve_port: int = 8000         # Serve: OpenAI clients reach the chat's models at http://127.0.0.1:PORT/v1
 
     def pair_choice(self) -> PairChoice:
         """The model pair these settings ask for."""

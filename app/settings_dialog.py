@@ -208,7 +208,7 @@ class SettingsDialog(QDialog):
         return box
 
     def _appearance_group(self, s: AppSettings) -> QGroupBox:
-        box = QGroupBox("Appearance")
+        box = QGroupBox("Appearance and serving")
         form = QFormLayout(box)
         self.theme_combo = QComboBox()
         self.theme_combo.addItems(list(THEMES))
@@ -219,6 +219,10 @@ class SettingsDialog(QDialog):
         form.addRow("Tokens", self.origins_check)
         form.addRow(_help("Tinted text came from the draft model and was accepted by the target; plain text is the "
                           "target's own token (a correction or the bonus token)."))
+        self.serve_port = _spin("serve_port", s.serve_port)
+        form.addRow("Serve port", self.serve_port)
+        form.addRow(_help("With Serve on (toolbar), editors and OpenAI clients use these models at "
+                          "http://127.0.0.1:PORT/v1, with Predicted Outputs; this machine only."))
         return box
 
     # behaviour
@@ -243,6 +247,7 @@ class SettingsDialog(QDialog):
             temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
             seed=self.seed.value(), max_new_tokens=self.max_new.value(), min_new_tokens=self.min_new.value(),
             theme=self.theme_combo.currentText(), color_origins=self.origins_check.isChecked(),
+            serve_port=self.serve_port.value(),
         )
 
     def check(self) -> AppSettings | None:

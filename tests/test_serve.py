@@ -212,6 +212,10 @@ def test_concurrent_clients_are_served_one_after_another_in_order(server):
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda i: chat(url, max_tokens=10 + i), range(4)))
     assert [o.usage.completion_tokens for o in outs] == [10, 11, 12, 13]
+    for _ in range(600):   # the observer hears of the last end just after its client got the answer
+        if len(recorder.log) >= start + 8:
+            break
+        threading.Event().wait(0.05)
     kinds = [kind for kind, _ in recorder.log[start:]]
     assert kinds == ["started", "finished"] * 4          # never two decoding at once
 

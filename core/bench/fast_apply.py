@@ -1,0 +1,253 @@
+"""`speclens bench --surface server`: fast apply, as an editor does it, over HTTP with the real ``openai`` client.
+
+Each task is a file and an instruction ("rename X", "add type hints", ...); the answer is the whole edited file, so
+most of it copies the file. Modes, alternated task by task and repeated:
+
+* ``speclens``: SpecLens's server (Auto), the file in the prompt only;
+* ``speclens:prediction``: the same, with the file as OpenAI's ``prediction`` (Predicted Outputs);
+* ``llama-server``, ``llama-server:ngram`` (``--spec-default``), ``llama-server:draft``, ``llama-server:both``:
+  llama.cpp's own server on the same files and threads (core.endpoints.llama_server), each speculative configuration
+  restarted before every timed run so that none copies an earlier answer (SpecLens's server runs with
+  ``--memory off``: it drafts only from the request and its prediction).
+
+Reported per task: decode tokens/s after the first token (the servers' own ``timings``, which both give in
+llama-server's definition), the time to the whole answer on the client's clock (prefill included), and the accepted
+prediction tokens; each mode over llama-server plain as the median of per-repeat ratios, the geometric mean over
+tasks, for the tuning half and the held-out half apart.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from core.bench.modes import BenchError
+from core.bench.prompts import PROMPT_DIR
+from core.bench.report import geomean
+from core.endpoints.client import Endpoint, EndpointRun
+from core.endpoints.llama_server import LlamaServer
+from core.sampling import SamplingParams
+
+TASKS = PROMPT_DIR / "fast_apply.jsonl"
+DEFAULT_MODES = "speclens,speclens:prediction,llama-server,llama-server:ngram"
+SERVER_MODES = {"llama-server": "plain", "llama-server:ngram": "ngram", "llama-server:draft": "draft",
+                "llama-server:both": "both"}
+OWN_MODES = ("speclens", "speclens:prediction")
+REFERENCE = "llama-server"
+SYSTEM = ("You are a code editor. Apply the requested change to the file and answer with the whole updated file in "
+          "one fenced code block, and nothing else.")
+ANSWER_ROOM = 256   # tokens an answer may have beyond the file's own length
+
+
+def read_tasks(path: Path, held_out: str) -> list[dict]:
+    """The tasks of a JSONL file of {"id", "language", "instruction", "file", "held_out"}; ``held_out`` is all,
+    only or exclude."""
+    if not path.is_file():
+        raise BenchError(f"task file {path} does not exist")
+    tasks = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BenchError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        if not isinstance(task, dict) or not all(isinstance(task.get(k), str) and task[k] for k in
+                                                 ("id", "instruction", "file")):
+            raise BenchError(f'{path}:{n}: each line needs "id", "instruction" and "file" (text)')
+        tasks.append({"language": "", "held_out": False, **task})
+    chosen = [t for t in tasks if held_out == "all" or bool(t["held_out"]) == (held_out == "only")]
+    if not chosen:
+        raise BenchError(f"{path} has no tasks for --held-out {held_out}")
+    return chosen
+
+
+def messages(task: dict) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"{task['instruction']}\n\n```{task['language']}\n{task['file']}```"}]
+
+
+def prediction(task: dict) -> str:
+    """What the answer is expected to be: the file as it is, in the fenced block the answer puts it in."""
+    return f"```{task['language']}\n{task['file']}```"
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in OWN_MODES and m not in SERVER_MODES]
+    if unknown:
+        raise BenchError(f"unknown fast-apply mode(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(OWN_MODES + tuple(SERVER_MODES))}")
+    if REFERENCE not in modes:
+        modes.append(REFERENCE)
+    return modes
+
+
+def _row(mode: str, task: dict, repeat: int, run: EndpointRun) -> dict:
+    out = run.result
+    stats = out.result.stats
+    details = (out.usage or {}).get("completion_tokens_details") or {}
+    return {"mode": mode, "task": task["id"], "held_out": bool(task["held_out"]), "repeat": repeat,
+            "completion_tokens": (out.usage or {}).get("completion_tokens", stats.new_tokens),
+            "decode_tokens_per_s": out.timings.get("predicted_per_second", stats.tokens_per_second),
+            "client_decode_tokens_per_s": stats.tokens_per_second,
+            "time_to_first_token": stats.time_to_first_token, "seconds_to_answer": stats.seconds,
+            "accepted_prediction_tokens": details.get("accepted_prediction_tokens"),
+            "rejected_prediction_tokens": details.get("rejected_prediction_tokens"),
+            "drafted": out.stats.drafted, "accepted": out.stats.accepted, "finish_reason": out.finish_reason,
+            "text": out.result.text}
+
+
+def _ratios(runs: list[dict], mode: str, key: str, invert: bool = False) -> dict[str, list[float]]:
+    """task -> per-repeat ratios of ``mode`` to llama-server plain (for times, reference / mode: higher is better)."""
+    by = {(r["mode"], r["task"], r["repeat"]): r[key] for r in runs}
+    out: dict[str, list[float]] = {}
+    for (m, task, repeat), value in by.items():
+        ref = by.get((REFERENCE, task, repeat))
+        if m == mode and ref and value:
+            out.setdefault(task, []).append(ref / value if invert else value / ref)
+    return out
+
+
+def summarise(runs: list[dict], modes: list[str]) -> dict:
+    held = {r["task"]: r["held_out"] for r in runs}
+    summary = {}
+    for mode in modes:
+        entry = {}
+        for key, invert, name in (("decode_tokens_per_s", False, "decode"),
+                                  ("seconds_to_answer", True, "time_to_answer")):
+            per_task = {t: statistics.median(v) for t, v in _ratios(runs, mode, key, invert).items()}
+            spread = statistics.median([max(v) - min(v) for v in _ratios(runs, mode, key, invert).values()] or [0])
+            entry[name] = {"geomean": geomean(list(per_task.values())),
+                           "tuning": geomean([v for t, v in per_task.items() if not held[t]]),
+                           "held_out": geomean([v for t, v in per_task.items() if held[t]]),
+                           "worst": min(per_task.values(), default=0.0), "per_task": per_task, "spread": spread}
+        accepted = [r["accepted_prediction_tokens"] for r in runs if r["mode"] == mode
+                    and r["accepted_prediction_tokens"] is not None]
+        if accepted:
+            entry["accepted_prediction_tokens"] = statistics.median(accepted)
+        summary[mode] = entry
+    return summary
+
+
+def markdown(report: dict) -> str:
+    meta, modes, runs, summary = report["meta"], report["modes"], report["runs"], report["summary"]
+    lines = [f"Fast apply over HTTP: {meta['target']} (+ {meta['draft']}), greedy, {meta['repeat']} repeat(s), "
+             f"{meta['machine']}; decode tok/s after the first token (the servers' timings) and time to the whole "
+             "answer (client clock, prefill included); ratios over llama-server plain", "",
+             "| task | held out | " + " | ".join(f"{m} tok/s" for m in modes) + " | "
+             + " | ".join(f"{m} s" for m in modes) + " | accepted prediction tokens |",
+             "|---|---|" + "---:|" * (2 * len(modes) + 1)]
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+
+    def median_of(mode: str, task: str, key: str) -> float | None:
+        values = [r[key] for r in runs if r["mode"] == mode and r["task"] == task and r[key] is not None]
+        return statistics.median(values) if values else None
+
+    for task in tasks:
+        held = next(r["held_out"] for r in runs if r["task"] == task)
+        speeds = []
+        for m in modes:
+            v, ratio = median_of(m, task, "decode_tokens_per_s"), summary[m]["decode"]["per_task"].get(task)
+            speeds.append("-" if v is None else f"{v:.1f}" + (f" ({ratio:.2f}x)" if ratio and m != REFERENCE else ""))
+        times = []
+        for m in modes:
+            v, ratio = median_of(m, task, "seconds_to_answer"), summary[m]["time_to_answer"]["per_task"].get(task)
+            times.append("-" if v is None else f"{v:.1f}" + (f" ({ratio:.2f}x)" if ratio and m != REFERENCE else ""))
+        accepted = median_of("speclens:prediction", task, "accepted_prediction_tokens")
+        lines.append(f"| {task} | {'yes' if held else 'no'} | " + " | ".join(speeds + times)
+                     + f" | {'-' if accepted is None else int(accepted)} |")
+    for label, key in (("decode tok/s", "decode"), ("time to answer", "time_to_answer")):
+        for part in ("geomean", "tuning", "held_out", "worst"):
+            cells = [f"{summary[m][key][part]:.2f}x" if summary[m][key]["per_task"] else "-" for m in modes]
+            lines.append(f"| **{label}: {part.replace('_', ' ')}** | | " + " | ".join(
+                cells if key == "decode" else ["" for _ in modes]) + " | " + " | ".join(
+                cells if key == "time_to_answer" else ["" for _ in modes]) + " | |")
+    spread = ", ".join(f"{m} ±{summary[m]['decode']['spread'] / 2:.2f}" for m in modes if m != REFERENCE)
+    lines += ["", f"Spread of one repeat's decode ratio (half the median range): {spread}"]
+    return "\n".join(lines)
+
+
+class _Contestants:
+    """The servers of the chosen modes, started when needed; a llama-server configuration that learns from requests
+    starts afresh before each timed run."""
+
+    def __init__(self, modes: list[str], target, draft, strategy, binary: str | None) -> None:
+        self.modes, self.target, self.draft, self.binary = modes, target, draft, binary
+        self.own = None
+        self.servers: dict[str, LlamaServer] = {}
+        if any(m in OWN_MODES for m in modes):
+            from core.serve.background import ServerThread
+            from core.serve.cli import model_name, warm_for_requests
+            from core.serve.executor import JobThread
+            from core.serve.job import ServedModels
+
+            engine = JobThread()
+            models = ServedModels(target, draft, strategy, model_name(target), remember_answers=False)
+            engine.submit(lambda: warm_for_requests(models)).result()
+            self.own = ServerThread(models, executor=engine).start()
+            self.own_engine, self.own_name = engine, models.name
+        for mode in modes:
+            if mode in SERVER_MODES:
+                config = SERVER_MODES[mode]
+                self.servers[mode] = LlamaServer(target.path, binary=binary, config=config,
+                                                 draft=getattr(draft, "path", None) if config in ("draft", "both")
+                                                 else None, threads=target.n_threads, context=target.context_length)
+
+    def endpoint(self, mode: str) -> tuple[Endpoint, str]:
+        if mode in OWN_MODES:
+            return Endpoint(self.own.url, model=self.own_name), "speclens"
+        server = self.servers[mode]
+        if not server.running or server.config in ("ngram", "both"):
+            server.restart()
+        return Endpoint(server.url, model="any"), "llama.cpp"
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        if self.own is not None:
+            self.own.stop()
+            self.own_engine.close()
+
+
+def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
+    """Every task in every mode, alternated and repeated; the report (meta, modes, runs, summary)."""
+    modes = parse_modes(args.modes)
+    tasks = read_tasks(Path(args.prompts[0]) if args.prompts else TASKS, args.held_out)
+    greedy = SamplingParams(temperature=0.0)
+    contestants = _Contestants(modes, target, draft, strategy, args.llama_server)
+    runs: list[dict] = []
+    try:
+        for repeat in range(args.repeat):
+            for i, task in enumerate(tasks):
+                shift = (i + repeat) % len(modes)
+                budget = len(target.tokenize(task["file"])) + ANSWER_ROOM
+                for mode in modes[shift:] + modes[:shift]:
+                    endpoint, engine = contestants.endpoint(mode)
+                    # SpecLens's own tokenizer counts both servers' chunks alike (one model, one tokenizer)
+                    client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
+                    for _ in client.stream(messages(task), budget, greedy,
+                                           prediction=prediction(task) if mode == "speclens:prediction" else None):
+                        pass
+                    row = _row(mode, task, repeat, client)
+                    runs.append(row)
+                    log(f"  [{repeat + 1}/{args.repeat}] {task['id']} {mode}: {row['completion_tokens']} tokens, "
+                        f"{row['decode_tokens_per_s']:.1f} tok/s, {row['seconds_to_answer']:.1f} s")
+    finally:
+        contestants.close()
+    _check_identity(runs, log)
+    return {"modes": modes, "runs": runs, "summary": summarise(runs, modes)}
+
+
+def _check_identity(runs: list[dict], log) -> None:
+    """Greedy: SpecLens's answer is the same with and without a prediction (the lossless promise over HTTP)."""
+    texts = {(r["mode"], r["task"], r["repeat"]): r["text"] for r in runs}
+    for (mode, task, repeat), text in texts.items():
+        if mode == "speclens:prediction" and ("speclens", task, repeat) in texts:
+            same = text == texts[("speclens", task, repeat)]
+            for r in runs:
+                if (r["mode"], r["task"], r["repeat"]) == (mode, task, repeat):
+                    r["same_as_without_prediction"] = same
+            if not same:
+                log(f"  {task} (repeat {repeat + 1}): the answer with a prediction differs from the one without")
