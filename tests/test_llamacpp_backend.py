@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.backends.base import BackendError, ContextLengthError, ModelLoadError
+from core.backends.base import BackendError, Cancelled, ContextLengthError, ModelLoadError
 from core.backends.llamacpp import LlamaCppBackend, available_cores
 from core.divergence import compare_greedy
 from core.drafting import Baseline, Chain, Tree
@@ -148,6 +148,33 @@ def test_prefill_reuses_and_rewinds_the_cache(target, files):
     last = target.prefill(b)
     assert target.committed == b
     assert (last - fresh.prefill(b)).abs().max().item() <= TOL
+
+
+class StopAfter:
+    """A cancel event that is set from its ``calls``-th look on: Stop pressed while llama.cpp computes a call."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+
+    def is_set(self) -> bool:
+        self.calls -= 1
+        return self.calls < 0
+
+
+def test_stop_ends_a_prefill_call_part_way_and_leaves_the_cache_clean(target, files):
+    fresh = LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=1, precise=True)
+    prompt = target.tokenize("the theory of the thing is that the other three think there " * 6)
+    kept = prompt[:5]
+    target.prefill(kept + [7])
+    chunk, target.prefill_chunk = target.prefill_chunk, len(prompt)   # the rest in one call
+    stop = StopAfter(3)                          # looked at once before the call, then by llama.cpp during it
+    try:
+        with pytest.raises(Cancelled):
+            target.prefill(prompt, cancel=stop)
+    finally:
+        target.prefill_chunk = chunk
+    assert stop.calls < 0 and target.committed == kept          # stopped inside the call; the prefix kept
+    assert (target.prefill(prompt) - fresh.prefill(prompt)).abs().max().item() <= TOL   # and nothing else left
 
 
 def test_greedy_speculation_equals_baseline_except_near_ties(fast_target, draft):

@@ -204,6 +204,20 @@ def test_memory_drafts_narrow_when_wide_ones_cost_more_than_planned(tmp_path) ->
     assert len(wide) <= 2 * MIN_SAMPLES and wide[-1] < len(widths) - 1   # the last drafts are narrow ones
 
 
+@pytest.mark.parametrize("widest", [16, 64])
+def test_memory_drafts_are_as_wide_as_the_plan_measured_and_no_wider(tmp_path, widest) -> None:
+    # a machine where a call on `widest` tokens costs little more than one: a long exact copy is drafted in calls as
+    # wide as were measured there (a cap of a fixed 15 nodes chosen on another CPU would stop it at 16)
+    target = TableBackend(cycle_table(vocab=24, period=7), 24)
+    plan = make_plan(target, None, {1: 1.0, 2: 1.05, widest: 1.3})
+    auto = Auto(plan, memory=open_memory("t", tmp_path), clock=None)
+    prompt = [1, 2, 3, 4, 5, 6, 0] * 12
+    result, events = run(target, None, auto, prompt=prompt, tokens=200)
+    assert result.tokens == baseline(target, prompt, 200).tokens
+    widths = [len(e.nodes) + 1 for e in events if e.nodes]
+    assert max(widths) == widest
+
+
 class BusyThenIdleClock(StepClock):
     """Plain steps cost ``busy`` for the first ``busy_steps`` steps, then 1; a memory step verifying w tokens costs
     ``per_token * w`` throughout (cheaper than plain per token while busy, dearer once idle)."""

@@ -24,8 +24,9 @@ if grep -q ' amx_int8' /proc/cpuinfo; then
     grep -q " ${ext#*:}" /proc/cpuinfo && cpu+=("-DGGML_${ext%%:*}=ON")
   done
 fi
-cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON "${cpu[@]}" >/dev/null
+# one static binary: nothing of it stays in the build folder, which is removed
+cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON "${cpu[@]}" >/dev/null
 cmake --build build --target llama-server -j"$(nproc)" >/dev/null
 mkdir -p "$out"
 cp -a build/bin/* "$out/"

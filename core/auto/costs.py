@@ -58,6 +58,11 @@ class Latencies:
         draft = self.draft_cost(1) + sum(self.draft_cost(w) for w in widths) if parents else 0.0
         return self.verify_cost(len(parents) + 1) + draft
 
+    @property
+    def widest(self) -> int:
+        """The largest call measured: steps never verify more, as larger ones would be guessed, not measured."""
+        return max(self.verify)
+
     def ratios(self) -> dict[int, float]:
         """t(n) / t(1) for every measured size."""
         return {n: t / self.plain for n, t in sorted(self.verify.items())}

@@ -18,7 +18,7 @@ from core.sampling import SamplingParams
 from core.sequoia import SequoiaTable, check_acceptance, solve, tree_value
 from core.tree import depths_of, shape_from_parents
 
-PLAN_VERSION = 3         # 3: on AMX CPUs latencies are measured with repacked weights (core.backends.weight_buffers)
+PLAN_VERSION = 4         # 4: calls of up to 64 tokens are timed (memory drafts as wide as they pay)
 MAX_BUDGET = 16         # tokens per target call the planner considers (root included)
 MAX_DEPTH = 6
 MIN_GAIN = 0.03         # a draft must be predicted to beat plain decoding by at least this much (and the noise)

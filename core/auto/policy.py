@@ -35,8 +35,6 @@ from core.sequoia import solve, tree_value
 from core.tree import TokenTree, depths_of
 from core.verify import Verdict
 
-MAX_MEMORY_NODES = 15   # a target call on 16 tokens already costs several plain steps on a CPU
-MAX_MEMORY_DEPTH = 15
 LOOKUP_SHARE = 0.02     # a lookup costing more than this share of a plain step backs off while it finds nothing
 MAX_SKIP = 16
 DRIFT = 0.15            # re-plan the tree when the measured c(n, d) moves this far from the planned one
@@ -163,7 +161,9 @@ class AutoDrafter(DrafterBase):
             self._skip -= 1
             return MemoryProposal(TokenTree(), 0)
         t0 = time.perf_counter()
-        proposal = self.memory.propose(tokens, min(MAX_MEMORY_NODES, max_nodes), min(MAX_MEMORY_DEPTH, max_depth))
+        # no call wider than the plan measured: a width never timed is never chosen on a guess
+        widest = self.latencies.widest - 1
+        proposal = self.memory.propose(tokens, min(widest, max_nodes), min(widest, max_depth))
         self._lookups += 1
         self.lookup_seconds += time.perf_counter() - t0
         return proposal

@@ -58,6 +58,11 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     parser.add_argument("--held-out", default="all", choices=("all", "only", "exclude"),
                         help="with --surface server: all tasks, only the held-out half, or only the tuning half")
     parser.add_argument("--json", dest="out", default=None, help="write the JSON here (and the table next to it, .md)")
+    parser.add_argument("--ballast-gb", type=float, default=0.0, metavar="GB",
+                        help="touch and hold this much memory before any model loads, so that every engine's weights "
+                        "(SpecLens's and the llama-server references', loaded later) land in the same kind of memory: "
+                        "on some virtual machines the first gigabyte or two a process takes decodes about 10%% slower "
+                        "(docs/BENCHMARK.md)")
     parser.add_argument("--llama-server", default=None, metavar="PATH",
                         help="llama.cpp's llama-server binary for the llama-server modes (default: "
                         "$SPECLENS_LLAMA_SERVER, then PATH, then where tools/build_llama_server.sh puts it)")
@@ -112,6 +117,11 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
     """Run the benchmark; ``surfaces`` are extra places to decode (the app passes its window)."""
     surfaces = surfaces or {}
     args = _parser(surfaces).parse_args(argv)
+    with _ballast(args.ballast_gb):
+        return _main(args, argv, surfaces)
+
+
+def _main(args, argv, surfaces: dict[str, SurfaceFactory]) -> int:
     if args.surface == "server":
         return _fast_apply(args, argv)
     try:
@@ -150,6 +160,19 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
             print(f"speclens bench: could not write {out}: {exc}", file=sys.stderr)
             return 2
     return 0
+
+
+def _ballast(gigabytes: float):
+    """``gigabytes`` of memory written page by page, held while the context lasts."""
+    import contextlib
+    import mmap
+
+    if gigabytes <= 0:
+        return contextlib.nullcontext()
+    ballast = mmap.mmap(-1, int(gigabytes * 2**30))
+    for offset in range(0, len(ballast), mmap.PAGESIZE):
+        ballast[offset] = 1
+    return ballast
 
 
 def _fast_apply(args, argv) -> int:
@@ -216,6 +239,7 @@ def _meta(args, target, draft, sampling: SamplingParams, argv) -> dict:
     return {"pair": pair, "backend": backend,
             "draft_backend": backend if args.pair == "tiny" else args.draft_backend or backend,
             "max_new_tokens": args.max_new_tokens, "temperature": sampling.temperature, "repeat": args.repeat,
+            "ballast_gb": args.ballast_gb,
             "surface": args.surface, "machine": machine(), "load_average": os.getloadavg(),
             "target": target.name, "draft": draft.name if draft is not None else None,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

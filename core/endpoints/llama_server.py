@@ -121,8 +121,11 @@ class LlamaServer:
         self.stop()
         self.port = free_port()
         self._log = tempfile.TemporaryFile()
+        # a build's shared libraries lie beside its binary (the build folder it was linked in may be gone)
+        env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(
+            p for p in (str(self.binary.parent), os.environ.get("LD_LIBRARY_PATH", "")) if p)}
         self._process = subprocess.Popen(self._args + ["--port", str(self.port)], stdout=self._log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
