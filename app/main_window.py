@@ -71,6 +71,10 @@ class MainWindow(QMainWindow):
         self.new_action = self._action(toolbar, "New chat", "Ctrl+N", self.session.new_chat)
         self.settings_action = self._action(toolbar, "Settings", "Ctrl+,", self.open_settings)
         self.race_action = self._action(toolbar, "Race vs plain", "Ctrl+R", self.open_race)
+        self.race_server_action = self._action(toolbar, "Race vs server", None,
+                                               lambda: self.open_race(against_endpoint=True))
+        self.race_server_action.setToolTip("Race the chat's strategy against the server set in Settings (llama-server, "
+                                           "vLLM, SGLang, another SpecLens) on the last question")
         self.serve_action = self._action(toolbar, "Serve", None, self._toggle_serve)
         self.serve_action.setCheckable(True)
         self.serve_action.setToolTip("Answer editors and OpenAI clients with these models at "
@@ -339,6 +343,7 @@ class MainWindow(QMainWindow):
         """Open the settings dialog (non-blocking); accepted values are applied."""
         dialog = SettingsDialog(self.settings, self)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.result_settings))
+        dialog.accepted.connect(lambda: dialog.key_notice and self.statusBar().showMessage(dialog.key_notice, STATUS_MS))
         dialog.open()
         return dialog
 
@@ -391,9 +396,10 @@ class MainWindow(QMainWindow):
             self.viz.on_steps(result.steps)
             self.viz.on_finished(result)
 
-    def open_race(self):
-        """Race the chat's strategy against plain decoding on the last question (see app.compare)."""
-        self.race = open_race(self, self.session)
+    def open_race(self, against_endpoint: bool = False):
+        """Race the chat's strategy against plain decoding (or the server set in Settings) on the last question (see
+        app.compare)."""
+        self.race = open_race(self, self.session, against_endpoint)
         return self.race
 
     # ----------------------------------------------------------------- status
@@ -428,6 +434,7 @@ class MainWindow(QMainWindow):
         self.send_button.setToolTip("Send (Enter)" if ready else LOADING_REASON)
         self.new_action.setEnabled(not busy)
         self.race_action.setEnabled(ready and session.is_warm and not busy)  # the race decodes on these models
+        self.race_server_action.setEnabled(ready and session.is_warm and not busy)
         self.sidebar.set_enabled_reason(not busy, BUSY_REASON)
         self.transcript.set_actions(busy, ready)
 

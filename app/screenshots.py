@@ -147,6 +147,8 @@ SCENES: dict[str, Callable[[SceneContext], object]] = {
     "race": _viz_scene("race"),
     "planner": _viz_scene("planner"),
     "learn": _viz_scene("learn"),
+    "serve": _viz_scene("serve"),
+    "race-endpoint": _viz_scene("race_endpoint"),
 }
 
 

@@ -14,11 +14,11 @@ from core.serve.job import ServedRecord
 def describe(record: ServedRecord) -> str:
     """One line of the Served list: when, who, how much, how fast, how much of the prediction was used."""
     result, usage = record.finished.result, record.finished.usage
-    line = (f"{time.strftime('%H:%M:%S', time.localtime(record.started_at))}  {record.client.split(' ')[0]} · "
+    line = (f"{time.strftime('%H:%M:%S', time.localtime(record.started_at))}  {record.client.split(' ')[0]}\n"
             f"{result.stats.new_tokens} tok · {result.stats.tokens_per_second:.1f} tok/s")
     details = usage.get("completion_tokens_details")
     if details:
-        line += f" · {details['accepted_prediction_tokens']} predicted"
+        line += f" · {details['accepted_prediction_tokens']} predicted tokens used"
     if record.finished.finish_reason == "cancelled":
         line += " · cancelled"
     return line
@@ -45,13 +45,14 @@ class ServedList(QWidget):
         layout.addWidget(self.empty)
         self.list = QListWidget()
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setWordWrap(True)
         self.list.itemClicked.connect(lambda item: self.open_requested.emit(item.data(Qt.ItemDataRole.UserRole)))
         layout.addWidget(self.list, 1)
 
     def add(self, record: ServedRecord) -> None:
         item = QListWidgetItem(describe(record))
         item.setData(Qt.ItemDataRole.UserRole, record)
-        item.setToolTip(f"{record.client}\n{describe(record)}")
+        item.setToolTip(f"{record.client}\n{describe(record)}\nClick to open it like a chat (kept only if you keep it)")
         self.list.insertItem(0, item)
         self.empty.setVisible(False)
 

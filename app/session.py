@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, Signal
 from app.chat.history import Conversation, HistoryError, HistoryStore, Message, storable
 from app.chat.origins import origin_codes
 from app.chat.stats import stats_record
+from app.endpoint_chat import EngineReport, endpoint_job, endpoint_of
 from app.history_writer import HistoryWriter
 from app.model_host import ModelHost
 from app.settings import AppSettings, SettingsError, save_settings
@@ -74,6 +75,7 @@ class _Answer:
     replaced: _Answered | None = None   # the answer this one regenerates, when this session made it
     prompt: tuple[int, ...] = ()
     stopped: bool = False
+    engine_report: str = ""    # an endpoint's own account of its speculation
 
 
 class ChatSession(QObject):
@@ -408,6 +410,7 @@ class ChatSession(QObject):
         system, max_new = conv.system_prompt, self.settings.max_new_tokens
         start = self._starts.get(conv.id, 0)
         strategy = self.strategy
+        label = strategy.label
 
         def job(push, cancel):
             # the template and the tokenizer run here, not on the GUI thread
@@ -419,16 +422,20 @@ class ChatSession(QObject):
                 push(event)
             return engine.last_result
 
+        if self.settings.chat_endpoint:
+            label = f"endpoint {endpoint_of(self.settings).label}"
+            job = endpoint_job(self.settings, target, system, messages, max_new, start, sampling,
+                               lambda f: PromptFitted(tuple(f.prompt_ids), f.dropped, f.start))
         answer = Message("assistant", "", complete=False)
         self._append(answer)
         run = EngineRun(job, self)
-        self.answer = _Answer(run, answer, question, strategy.label, sampling.greedy, replaced)
+        self.answer = _Answer(run, answer, question, label, sampling.greedy, replaced)
         run.frame.connect(lambda items, r=run: self._on_frame(r, items))
         run.finished.connect(lambda result, r=run: self._on_finished(r, result))
         run.failed.connect(lambda message, r=run: self._on_failed(r, message))
         run.start()
         self.busy_changed.emit(True)
-        self.answer_started.emit(strategy.label)
+        self.answer_started.emit(label)
         return True
 
     def stop(self, wait: bool = False) -> None:
@@ -461,6 +468,8 @@ class ChatSession(QObject):
                     self.notice.emit(f"The {item.dropped} oldest message{'s' if item.dropped != 1 else ''} of this "
                                      "chat no longer fit in the model's context and were left out of this answer's "
                                      "prompt (they stay in the history).")
+            elif isinstance(item, EngineReport):
+                answer.engine_report = item.text
             elif isinstance(item, PrefillProgress) and item.total > 256:
                 self.status.emit(f"Reading the prompt: {item.done} of {item.total} tokens (Esc stops)")
         if not steps:
@@ -479,6 +488,8 @@ class ChatSession(QObject):
             return
         answer = self.answer
         answer.message.stats = stats_record(result.stats, answer.strategy, result.stop_reason)
+        if answer.engine_report:
+            answer.message.stats["engine_stats"] = answer.engine_report
         answer.message.complete = result.stop_reason != StopReason.CANCELLED
         self.writer.update(answer.message)
         self._compare_with_replaced(answer, result)

@@ -179,6 +179,9 @@ class AppSettings:
     theme: str = "light"
     color_origins: bool = True
     serve_port: int = 8000         # Serve: OpenAI clients reach the chat's models at http://127.0.0.1:PORT/v1
+    endpoint_url: str = ""         # another engine's OpenAI-compatible URL, to race (and chat with); its key: app.secrets
+    endpoint_model: str = ""
+    chat_endpoint: bool = False    # the chat is answered by that endpoint instead of the local models
 
     def pair_choice(self) -> PairChoice:
         """The model pair these settings ask for."""
@@ -224,6 +227,8 @@ class AppSettings:
             self.pair_choice()
         except SettingsError as exc:
             found.append((("pair", "backend"), str(exc)))
+        if self.chat_endpoint and not self.endpoint_url.strip():
+            found.append((("chat_endpoint",), "chatting through an endpoint needs its URL"))
         return [(names, ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + f": {reason}")
                 for names, reason in found]
 

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from app.settings import (BACKENDS, CUSTOM_PAIR, RANGES, REGISTRY_PAIRS, AppSettings, available_devices,
                           strategy_options)
+from app.secrets import get_key, keyring_available, set_key
 from app.theme import THEMES
 from core.models import PAIRS
 from core.sampling import MAX_TEMPERATURE
@@ -55,6 +56,7 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("SpecLens settings")
         self.setObjectName("SettingsDialog")
         self.result_settings: AppSettings | None = None
+        self.key_notice = ""
         self._initial = settings
         grid = QGridLayout()
         grid.setHorizontalSpacing(14)
@@ -62,6 +64,7 @@ class SettingsDialog(QDialog):
         grid.addWidget(self._appearance_group(settings), 1, 0)
         grid.addWidget(self._strategy_group(settings), 0, 1)
         grid.addWidget(self._sampling_group(settings), 1, 1)
+        grid.addWidget(self._endpoint_group(settings), 2, 0, 1, 2)
         grid.setColumnStretch(0, 1)
         grid.setColumnStretch(1, 1)
 
@@ -225,6 +228,53 @@ class SettingsDialog(QDialog):
                           "http://127.0.0.1:PORT/v1, with Predicted Outputs; this machine only."))
         return box
 
+    def _endpoint_group(self, s: AppSettings) -> QGroupBox:
+        box = QGroupBox("Another server (an OpenAI-compatible endpoint)")
+        form = QFormLayout(box)
+        self.endpoint_url = QLineEdit(s.endpoint_url)
+        self.endpoint_url.setPlaceholderText("http://127.0.0.1:8080/v1 (llama-server, vLLM, SGLang, another SpecLens)")
+        form.addRow("URL", self.endpoint_url)
+        self.endpoint_key = QLineEdit(get_key(s.endpoint_url) if s.endpoint_url else "")
+        self.endpoint_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.endpoint_key.setPlaceholderText("API key, if it needs one")
+        form.addRow("API key", self.endpoint_key)
+        row = QWidget()
+        models = QHBoxLayout(row)
+        models.setContentsMargins(0, 0, 0, 0)
+        self.endpoint_model = QComboBox()
+        self.endpoint_model.setEditable(True)
+        self.endpoint_model.setCurrentText(s.endpoint_model)
+        models.addWidget(self.endpoint_model, 1)
+        self.list_models_button = QPushButton("List models")
+        self.list_models_button.clicked.connect(self.list_endpoint_models)
+        models.addWidget(self.list_models_button)
+        form.addRow("Model", row)
+        self.chat_endpoint = QCheckBox("Chat through this server instead of the local models")
+        self.chat_endpoint.setChecked(s.chat_endpoint)
+        form.addRow("", self.chat_endpoint)
+        self.endpoint_help = _help("Race it against SpecLens (toolbar: Race vs server), or chat through it; its "
+                                   "speculative statistics are read in its own fields. "
+                                   + ("The key goes to the system keyring." if keyring_available() else
+                                      "No keyring on this system: the key is kept until SpecLens closes, never "
+                                      "written to settings.ini."))
+        form.addRow(self.endpoint_help)
+        return box
+
+    def list_endpoint_models(self) -> None:
+        """Ask the endpoint for its models (and which engine it is)."""
+        from core.endpoints.client import Endpoint, EndpointError, probe
+
+        try:
+            found = probe(Endpoint(self.endpoint_url.text(), self.endpoint_key.text()))
+        except EndpointError as exc:
+            self.endpoint_help.setText(str(exc))
+            return
+        current = self.endpoint_model.currentText()
+        self.endpoint_model.clear()
+        self.endpoint_model.addItems(found.models)
+        self.endpoint_model.setCurrentText(current if current in found.models else found.models[0])
+        self.endpoint_help.setText(f"{found.engine} server with {len(found.models)} model(s).")
+
     # behaviour
     def _pair_changed(self) -> None:
         self.custom_rows.setVisible(self.pair_combo.currentData() == CUSTOM_PAIR)
@@ -247,7 +297,8 @@ class SettingsDialog(QDialog):
             temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
             seed=self.seed.value(), max_new_tokens=self.max_new.value(), min_new_tokens=self.min_new.value(),
             theme=self.theme_combo.currentText(), color_origins=self.origins_check.isChecked(),
-            serve_port=self.serve_port.value(),
+            serve_port=self.serve_port.value(), endpoint_url=self.endpoint_url.text().strip(),
+            endpoint_model=self.endpoint_model.currentText().strip(), chat_endpoint=self.chat_endpoint.isChecked(),
         )
 
     def check(self) -> AppSettings | None:
@@ -264,5 +315,7 @@ class SettingsDialog(QDialog):
     def accept(self) -> None:
         settings = self.check()
         if settings is not None:
+            if settings.endpoint_url:
+                self.key_notice = f"The endpoint's API key is {set_key(settings.endpoint_url, self.endpoint_key.text())}."
             self.result_settings = settings
             super().accept()

@@ -36,6 +36,7 @@ from typing import Any, Callable, TypeVar
 from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, Qt, QThread, QTimer, Signal
 
 from core.backends.base import BackendError
+from core.endpoints.client import EndpointError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ FRAME_HZ = 5
 # chat frame, with the live panel's draws and all else it did between frames, is ~9 ms, so 3% paces it at ~3 a second
 GUI_SHARE = 0.03
 MAX_FRAME_S = 0.5
-EXPECTED = (BackendError, ValueError, OSError, MemoryError)
+EXPECTED = (BackendError, EndpointError, ValueError, OSError, MemoryError)
 Push = Callable[[Any], None]
 Job = Callable[[Push, threading.Event], Any]   # job(push, cancel) -> result
 T = TypeVar("T")

@@ -38,6 +38,8 @@ def format_stats(record: dict) -> str:
         parts.append(f"{record['mean_accepted']:.2f} accepted per target call")
     if record.get("strategy"):
         parts.append(record["strategy"])
+    if record.get("engine_stats"):
+        parts.append(record["engine_stats"])
     stop = STOP_TEXT.get(record.get("stop_reason") or "", "")
     if stop:
         parts.append(stop)

@@ -132,8 +132,9 @@ class RaceSpeedPlot(pg.PlotWidget):
         self._series = [([e.timestamp for e in run.result.steps if e.stats.new_tokens >= 2],
                          [e.stats.tokens_per_second for e in run.result.steps if e.stats.new_tokens >= 2])
                         for run in (summary.baseline, summary.other)]
-        self.legend.removeItem(self.other_curve)
-        self.legend.addItem(self.other_curve, summary.other.label)
+        for curve, run in ((self.base_curve, summary.baseline), (self.other_curve, summary.other)):
+            self.legend.removeItem(curve)
+            self.legend.addItem(curve, run.label)
         end = max(summary.baseline.duration, summary.other.duration)
         top = max([y for _, ys in self._series for y in ys] + [1.0])
         self.setXRange(0, end, padding=0.02)
@@ -204,11 +205,14 @@ class CompareWidget(QWidget):
     def running(self) -> bool:
         return self._run is not None
 
-    def start(self, prompt_ids: Sequence[int], strategy, max_new_tokens: int = 128) -> None:
-        """Decode ``prompt_ids`` with Baseline, then with ``strategy``, then race the recordings."""
+    def start(self, prompt_ids: Sequence[int], strategy, max_new_tokens: int = 128, endpoint=None,
+              messages: Sequence[dict] = ()) -> None:
+        """Decode ``prompt_ids`` with Baseline (or ``messages`` on ``endpoint``, a core.endpoints.client.EndpointRun:
+        is SpecLens faster than the server the user already runs?), then with ``strategy``, then race the
+        recordings."""
         if self.running:
             raise RuntimeError("a race is already running: stop it first")
-        if isinstance(strategy, Baseline):
+        if isinstance(strategy, Baseline) and endpoint is None:
             raise ValueError("choose a speculative strategy to race against Baseline")
         if not prompt_ids:
             raise ValueError("the race needs a prompt: type one in the chat first")
@@ -216,22 +220,37 @@ class CompareWidget(QWidget):
         self.summary = None
         self.verdict.setText("")
         self.replay_button.setEnabled(False)
-        self.left.reset("Baseline")
+        reference = endpoint.endpoint.label if endpoint is not None else "Baseline"
+        self.left.reset(reference)
         self.right.reset(strategy.label)
         prompt, make = list(prompt_ids), self._make_engine
 
-        def job(push, cancel):
-            # a 2-token decode with the contender first touches both models, so the baseline does not pay the
-            # one-off warm-up alone; then the two runs, one after the other on the same device
-            make(strategy).generate(prompt, 2, cancel)
-            results = []
-            for s in (Baseline(), strategy):
+        def local(s):
+            def run(push, cancel):
                 engine = make(s)
                 for event in engine.stream(prompt, max_new_tokens, cancel):
-                    push((len(results) + 1, s.label, event.stats.new_tokens))
-                if engine.last_result.stop_reason == StopReason.CANCELLED:
+                    push(event)
+                return engine.last_result
+            return run
+
+        def remote(push, cancel):
+            for event in endpoint.stream(messages, max_new_tokens, make(strategy).sampling, cancel):
+                push(event)
+            return endpoint.result.result
+
+        contestants = [(reference, remote if endpoint is not None else local(Baseline())),
+                       (strategy.label, local(strategy))]
+
+        def job(push, cancel):
+            # a 2-token decode with the contender first touches both models, so the reference does not pay the
+            # one-off warm-up alone; then the two runs, one after the other
+            make(strategy).generate(prompt, 2, cancel)
+            results = []
+            for label, run in contestants:
+                result = run(lambda event: push((len(results) + 1, label, event.stats.new_tokens)), cancel)
+                if result.stop_reason == StopReason.CANCELLED:
                     return None
-                results.append((s.label, engine.last_result))
+                results.append((label, result))
             return results
 
         self._run = EngineRun(job, self)
@@ -239,8 +258,8 @@ class CompareWidget(QWidget):
         self._run.finished.connect(self._on_runs_done)
         self._run.failed.connect(self._on_failed)
         self.stop_button.setEnabled(True)
-        self.status.setText("Run 1 of 2: decoding with Baseline (runs go one after the other on the same device, "
-                            "then race on the recorded timestamps)\u2026")
+        self.status.setText(f"Run 1 of 2: decoding with {reference} (runs go one after the other, then race on the "
+                            "recorded timestamps)\u2026")
         self._run.start()
 
     def stop(self, wait: bool = False) -> None:
@@ -329,12 +348,13 @@ class CompareWidget(QWidget):
         b, o = s.baseline.result.stats, s.other.result.stats
         faster = s.speedup >= 1.0
         colour = "#1e8e3e" if faster else "#c62828"
-        word = "faster" if faster else "SLOWER: speculation does not pay for this prompt on this machine"
+        word = ("faster" if faster else "SLOWER: speculation does not pay for this prompt on this machine"
+                if s.baseline.label == "Baseline" else f"SLOWER than {s.baseline.label} on this prompt")
         ttft_b = (b.time_to_first_token or 0) * 1000
         ttft_o = (o.time_to_first_token or 0) * 1000
         self.verdict.setText(
             f"<span style='font-size:13pt; color:{colour}'><b>{s.speedup:.2f}\u00d7</b> decode speed</span> "
-            f"({word}) \u2014 {s.other.label} {o.tokens_per_second:.1f} tok/s vs Baseline "
+            f"({word}) \u2014 {s.other.label} {o.tokens_per_second:.1f} tok/s vs {s.baseline.label} "
             f"{b.tokens_per_second:.1f} tok/s; whole answer {s.wall_speedup:.2f}\u00d7; first token "
             f"{ttft_o:.0f} ms vs {ttft_b:.0f} ms; {o.tokens_per_call:.2f} tokens per target call.<br>"
             f"{html.escape(s.identity_text())}")
@@ -361,9 +381,10 @@ class CompareDialog(QDialog):
         super().closeEvent(event)
 
 
-def open_race(parent: QWidget, session) -> CompareDialog | None:
+def open_race(parent: QWidget, session, against_endpoint: bool = False) -> CompareDialog | None:
     """Open the race for a chat session: its loaded models, the strategy and sampling the chat uses, and the chat up
-    to its last question. Says why in a dialog (and returns None) when it cannot race.
+    to its last question, against plain decoding or (``against_endpoint``) against the server set in Settings. Says
+    why in a dialog (and returns None) when it cannot race.
 
     Auto races with memory drafts from the chat itself only: its remembered answers include this very question's,
     which would make the race a replay rather than a decode.
@@ -388,9 +409,14 @@ def open_race(parent: QWidget, session) -> CompareDialog | None:
     except ValueError as exc:
         refuse(f"Cannot race with these settings: {exc}")
         return None
-    if isinstance(strategy, Baseline):
+    if isinstance(strategy, Baseline) and not against_endpoint:
         refuse("The strategy is Baseline: choose a speculative one in Settings to race it.")
         return None
+    endpoint = None
+    if against_endpoint:
+        endpoint = _endpoint_run(session, refuse)
+        if endpoint is None:
+            return None
     if isinstance(strategy, Auto):
         strategy = Auto(use_memory=False)
     target, draft = session.backends
@@ -404,5 +430,27 @@ def open_race(parent: QWidget, session) -> CompareDialog | None:
     dialog = CompareDialog(lambda s: SpeculativeEngine(target, None if isinstance(s, Baseline) else draft, s,
                                                        sampling), parent)
     dialog.show()
-    dialog.compare.start(fitted.prompt_ids, strategy, session.settings.max_new_tokens)
+    system = [{"role": "system", "content": session.conv.system_prompt}] if session.conv.system_prompt else []
+    dialog.compare.start(fitted.prompt_ids, strategy, session.settings.max_new_tokens, endpoint,
+                         system + chat[fitted.start:])
     return dialog
+
+
+def _endpoint_run(session, refuse):
+    """A run on the server set in Settings (which engine it is asked first), or None with the reason said."""
+    from app.endpoint_chat import endpoint_of
+    from core.endpoints.client import Endpoint, EndpointError, EndpointRun, probe
+
+    endpoint = endpoint_of(session.settings)
+    if not endpoint.url.strip():
+        refuse("Set the other server's URL in Settings (Another server) to race it.")
+        return None
+    try:
+        found = probe(endpoint)
+    except EndpointError as exc:
+        refuse(f"Cannot race the server: {exc}")
+        return None
+    model = endpoint.model if endpoint.model in found.models else found.models[0]
+    target = session.backends[0]
+    return EndpointRun(Endpoint(endpoint.url, endpoint.api_key, model), found.engine,
+                       count_tokens=lambda text: len(target.tokenize(text)), tokenize=target.tokenize)

@@ -45,8 +45,8 @@ class RunReplay:
 
 
 def is_greedy(result: GenerationResult) -> bool:
-    """The engine reports top-2 margins only when it decoded greedily."""
-    return any(step.margins for step in result.steps)
+    """Whether the run decoded greedily (every step says; an endpoint's steps too)."""
+    return bool(result.steps) and result.steps[0].greedy
 
 
 @dataclass(frozen=True)
@@ -82,17 +82,18 @@ class RaceSummary:
             return "sampling: the two answers are different draws from the same distribution, so texts may differ"
         c = self.comparison
         if c.identical:
-            return f"greedy outputs identical \u2714 ({c.compared} tokens compared)"
+            unit = "characters" if c.texts is not None else "tokens"
+            return f"greedy outputs identical \u2714 ({c.compared} {unit} compared)"
         pieces = [p for p, _ in self.baseline.pieces_at(float("inf"))]
         other = [p for p, _ in self.other.pieces_at(float("inf"))]
         context = "".join(pieces[max(0, c.index - 12): c.index])
         want = pieces[c.index] if c.index < len(pieces) else "?"
         got = other[c.index] if c.index < len(other) else "?"
         if c.margin is None:
-            return (f"greedy outputs differ at token {c.index} after \u201c{context}\u201d: baseline {want!r} vs "
-                    f"{self.other.label} {got!r} (no top-2 margin was recorded)")
-        return (f"greedy outputs differ at token {c.index} after \u201c{context}\u201d: baseline {want!r} vs "
-                f"{self.other.label} {got!r}; {c.describe()}: {c.reason}")
+            return (f"greedy outputs differ at token {c.index} after \u201c{context}\u201d: {self.baseline.label} "
+                    f"{want!r} vs {self.other.label} {got!r} (no top-2 margin was recorded)")
+        return (f"greedy outputs differ at token {c.index} after \u201c{context}\u201d: {self.baseline.label} "
+                f"{want!r} vs {self.other.label} {got!r}; {c.describe()}: {c.reason}")
 
 
 def summarize(baseline_label: str, baseline: GenerationResult, other_label: str,

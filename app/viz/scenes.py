@@ -6,6 +6,8 @@ machine's, from the engine's timestamps.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6.QtWidgets import QWidget
 
 from app.compare.compare_widget import CompareWidget
@@ -160,3 +162,73 @@ def scene_learn(ctx) -> QWidget:
     panel.learn.show_index(i)
     panel.tabs.setCurrentWidget(panel.learn)
     return panel
+
+
+def _edit_request(ctx, window) -> None:
+    """An editor's fast-apply request to the window's server: the function to edit, and itself as the prediction."""
+    import threading
+
+    import openai
+
+    code = EDIT_PROMPT.split("```python\n", 1)[1].split("```", 1)[0]
+    done: list = []
+
+    def ask() -> None:
+        client = openai.OpenAI(base_url=window.serve.host.url, api_key="none", max_retries=0, timeout=600)
+        model = client.models.list().data[0].id
+        done.append(client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": EDIT_PROMPT}], temperature=0, max_tokens=160,
+            prediction={"type": "content", "content": f"```python\n{code}```"}))
+
+    threading.Thread(target=ask, daemon=True).start()
+    ctx.wait_until(lambda: bool(done) and window.served_list.list.count() > 0, "the served request")
+
+
+def scene_serve(ctx) -> QWidget:
+    """The window serving an editor: a fast-apply request with its prediction, decoded live on the chat's models,
+    in the Served list, the status bar saying where SpecLens listens."""
+    from core.endpoints.llama_server import free_port
+
+    window = ctx.window()
+    warm_up(window.session.backends)
+    window.apply_settings(replace(window.settings, serve_port=free_port()))
+    window.serve_action.trigger()
+    if not window.serve.running:
+        raise ValueError("Serve did not start")
+    _edit_request(ctx, window)
+    window.served_list.list.setCurrentRow(0)
+    window.open_served(window.serve.host.monitor.records[-1])   # as a click on it does
+    return window
+
+
+def scene_race_endpoint(ctx) -> QWidget:
+    """SpecLens Auto against another server on the same model and prompt: llama.cpp's own llama-server on the target's
+    file when it is installed and the pair runs on llama.cpp, else a second SpecLens server (Baseline) of the pair."""
+    from core.endpoints.client import Endpoint, EndpointRun, probe
+    from core.endpoints.llama_server import LlamaServer, LlamaServerError
+    from core.serve.background import ServerThread
+    from core.serve.job import ServedModels
+
+    pair = ctx.window().session.backends
+    warm_up(pair)
+    greedy = SamplingParams(temperature=0.0)
+    target = pair[0]
+    try:
+        server = LlamaServer(target.path, threads=target.n_threads, context=target.context_length).start()
+    except (LlamaServerError, AttributeError):   # no binary, or the pair is not a GGUF one
+        server = ServerThread(ServedModels(*pair, Baseline(), "speclens-baseline", remember_answers=False)).start()
+    try:
+        found = probe(Endpoint(server.url))
+        endpoint = EndpointRun(Endpoint(server.url, model=found.models[0]), found.engine,
+                               count_tokens=lambda text: len(target.tokenize(text)), tokenize=target.tokenize)
+        messages = [{"role": "user", "content": EDIT_PROMPT}]
+        on_engine_thread(lambda: [None for _ in endpoint.stream(messages, 160, greedy)])
+    finally:
+        server.stop()
+    strategy = Auto(use_memory=False)
+    other = record(pair, strategy, greedy, 160, EDIT_PROMPT)
+    widget = CompareWidget(lambda s: SpeculativeEngine(pair[0], pair[1], s, greedy))
+    widget.resize(*RACE_SIZE)
+    widget.show_results(endpoint.endpoint.label, endpoint.result.result, strategy.label, other)
+    widget.finish_replay()
+    return widget

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from core.bench.modes import (
-    HF_ASSISTED, LLAMA_SERVER_MODES, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes, runner_of,
-    strategy_for,
+    ENDPOINT, HF_ASSISTED, LLAMA_SERVER_MODES, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes,
+    runner_of, strategy_for,
 )
 from core.bench import fast_apply
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
@@ -28,7 +28,7 @@ from core.bench.report import geomean, markdown, summarise
 from core.bench.run import (
     BenchSetup, ComparedSurface, EngineSurface, attach_memories, here, run_bench, stderr_log,
 )
-from core.bench.runners import HFAssisted, LlamaServerRunner, NativeRunner
+from core.bench.runners import EndpointRunner, HFAssisted, LlamaServerRunner, NativeRunner
 from core.bench.same_drafts import scored
 from core.cli_args import add_pair_arguments, open_pair
 from core.sampling import SamplingParams
@@ -230,6 +230,8 @@ def _runner(name: str, target, draft, args):
         return NativeRunner(target)
     if name == HF_ASSISTED:
         return HFAssisted(target, draft, args.pair)
+    if name.startswith(ENDPOINT):
+        return EndpointRunner(name.removeprefix(ENDPOINT), target, os.environ.get("SPECLENS_ENDPOINT_KEY", ""))
     return LlamaServerRunner(target, draft, LLAMA_SERVER_MODES[name], args.llama_server)
 
 

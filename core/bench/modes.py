@@ -17,6 +17,7 @@ LLAMA_SERVER = "llama-server"   # llama.cpp's own server on the same files and t
 LLAMA_SERVER_MODES = {LLAMA_SERVER: "plain", f"{LLAMA_SERVER}:ngram": "ngram", f"{LLAMA_SERVER}:draft": "draft",
                       f"{LLAMA_SERVER}:both": "both"}
 RUNNERS = (NATIVE, HF_ASSISTED, *LLAMA_SERVER_MODES)
+ENDPOINT = "endpoint:"       # endpoint:URL[#model]: any OpenAI-compatible server, through the openai client
 # An A/A control: a second, identical baseline or native reference (the same loop on the same weights, with its own
 # context for native), so its ratio to its twin is the run-to-run noise. No mode can be told from another by less
 # than its controls move.
@@ -30,6 +31,8 @@ MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia sha
              "without guesses of where a copy resumes after an edit), "
              f"{HF_ASSISTED} (transformers backend only), {LLAMA_SERVER}[:ngram|:draft|:both] (llama.cpp's own server "
              "on the same files and threads: plain, its --spec-default n-gram drafts, the draft model, or both), "
+             f"{ENDPOINT}URL[#MODEL] (any OpenAI-compatible server: another SpecLens, llama-server, vLLM, SGLang; "
+             "timed on this machine's clock), "
              f"baseline{AGAIN}, {NATIVE}{AGAIN} and {LLAMA_SERVER}{AGAIN} (A/A controls: a second, identical "
              "reference, whose ratios show the noise floor)")
 
@@ -48,6 +51,8 @@ def _ints(mode: str, parts: Sequence[str]) -> list[int]:
 def runner_of(mode: str) -> str | None:
     """The runner a mode runs (``native``, ``hf-assisted``, a llama-server mode; the ``:again`` twins too), or None
     for an engine mode."""
+    if mode.startswith(ENDPOINT):
+        return mode
     name = mode.removesuffix(AGAIN) if mode in (NATIVE + AGAIN, LLAMA_SERVER + AGAIN) else mode
     return name if name in RUNNERS else None
 
@@ -113,4 +118,4 @@ def parse_modes(text: str) -> list[str]:
 
 def needs_draft_model(mode: str) -> bool:
     return (mode.removesuffix(AGAIN) not in ("baseline", "auto", NATIVE, LLAMA_SERVER, f"{LLAMA_SERVER}:ngram")
-            and not mode.startswith(("ngram", "memory", "self")))
+            and not mode.startswith(("ngram", "memory", "self", ENDPOINT)))

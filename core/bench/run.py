@@ -149,8 +149,9 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
                 for surface in (surfaces if i % 2 == 0 else list(reversed(surfaces))):
                     setup.memory.restore(start)
                     if mode in setup.runners:
-                        out = setup.call(lambda: setup.runners[mode].run(ids, setup.max_new_tokens, setup.sampling,
-                                                                         regenerate=p["regenerate"]))
+                        out = setup.call(lambda: setup.runners[mode].run(
+                            ids, setup.max_new_tokens, setup.sampling, regenerate=p["regenerate"],
+                            messages=p["messages"]))
                         row = runner_row(out)
                     else:
                         _forget_prompts(setup)
@@ -185,7 +186,7 @@ def _warm_up(setup: BenchSetup, engines: dict, prompt: list[int]) -> None:
     for engine in engines.values():
         engine.strategy.bind(setup.target, engine.draft, setup.sampling)
     for runner in setup.runners.values():
-        runner.run(prompt, 2, setup.sampling)
+        runner.run(prompt, 2, setup.sampling, messages=[{"role": "user", "content": "Hello"}])
 
 
 def _memory_for(setup: BenchSetup, prompt: dict, ids: list[int], before, log: Log):

@@ -31,11 +31,13 @@ class RunnerResult:
 
 
 class Runner(Protocol):
-    """A reference decoding outside the engine. ``regenerate``: the prompt's earlier answer is remembered by SpecLens
-    before this run (a runner that learns from what it served is shown it first; the others keep nothing)."""
+    """A reference decoding outside the engine, of the prompt as token ids (``prompt_ids``) or as the conversation
+    they template (``messages``, for servers that take a chat). ``regenerate``: the prompt's earlier answer is
+    remembered by SpecLens before this run (a runner that learns from what it served is shown it first; the others
+    keep nothing)."""
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
-            regenerate: bool = False) -> RunnerResult:
+            regenerate: bool = False, messages: list[dict] | None = None) -> RunnerResult:
         ...
 
     def close(self) -> None:
@@ -62,7 +64,7 @@ class NativeRunner:
         self._target = target   # and the target must outlive the contexts made on its weights
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
-            regenerate: bool = False) -> RunnerResult:
+            regenerate: bool = False, messages: list[dict] | None = None) -> RunnerResult:
         if sampling.seed is not None:
             self.llm.set_seed(sampling.seed)
         tokens: list[int] = []
@@ -123,7 +125,7 @@ class HFAssisted:
                                                  device=target.device).model
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
-            regenerate: bool = False) -> RunnerResult:
+            regenerate: bool = False, messages: list[dict] | None = None) -> RunnerResult:
         import torch
 
         if not sampling.greedy:
@@ -164,7 +166,7 @@ class LlamaServerRunner:
         self.server.start()
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
-            regenerate: bool = False) -> RunnerResult:
+            regenerate: bool = False, messages: list[dict] | None = None) -> RunnerResult:
         if self.learns:
             self.server.restart()
             if regenerate:
@@ -177,3 +179,46 @@ class LlamaServerRunner:
 
     def close(self) -> None:
         self.server.stop()
+
+
+class EndpointRunner:
+    """Any OpenAI-compatible server (``endpoint:URL[#model]``), sent the prompt's conversation through the openai client
+    and timed on this machine's clock; its tokens are the answer's text in the target's tokenizer (the server is meant
+    to run the same model, for the greedy identity check). A server keeps whatever it keeps between requests: a
+    regenerated prompt is answered once, untimed, first, as SpecLens remembers its earlier answer."""
+
+    def __init__(self, spec: str, target, api_key: str = "") -> None:
+        from core.endpoints.client import Endpoint, EndpointError, EndpointRun, probe
+
+        url, _, model = spec.partition("#")
+        endpoint = Endpoint(url, api_key)
+        try:
+            found = probe(endpoint)
+        except EndpointError as exc:
+            raise BenchError(str(exc)) from None
+        if model and model not in found.models:
+            raise BenchError(f"{url} has no model {model!r}; it lists {', '.join(found.models)}")
+        self.endpoint = Endpoint(url, api_key, model or found.models[0])
+        self.engine = found.engine
+        self._run = lambda: EndpointRun(self.endpoint, self.engine, count_tokens=lambda t: len(target.tokenize(t)),
+                                        tokenize=target.tokenize)
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+            regenerate: bool = False, messages: list[dict] | None = None) -> RunnerResult:
+        if messages is None:
+            raise BenchError("an endpoint is sent the prompt's conversation, and none was given")
+        if regenerate:
+            self._answer(messages, max_new_tokens, sampling)
+        out = self._answer(messages, max_new_tokens, sampling)
+        stats = out.result.stats
+        return RunnerResult(out.result.tokens, stats.seconds, stats.time_to_first_token or stats.seconds,
+                            out.stats.drafted, out.stats.accepted)
+
+    def _answer(self, messages, max_new_tokens: int, sampling: SamplingParams):
+        run = self._run()
+        for _ in run.stream(messages, max_new_tokens, sampling):
+            pass
+        return run.result
+
+    def close(self) -> None:
+        """Nothing to free: the server is someone else's."""

@@ -125,16 +125,18 @@ def scrape(endpoint: Endpoint) -> str | None:
     return response.text if response.status_code == 200 else None
 
 
-def _extra_body(engine: str, sampling: SamplingParams, prediction: str | None) -> dict:
+def _extra_body(engine: str, sampling: SamplingParams, max_new_tokens: int, prediction: str | None) -> dict:
     """What this engine needs beyond OpenAI's fields to sample as SpecLens does and to report its speculation."""
     body: dict = {}
     if engine == spec_stats.SGLANG:
         body["return_spec_tokens_details"] = True
     if engine == spec_stats.LLAMA_CPP:   # its defaults add top-k 40, top-p 0.95 and min-p 0.05
         body.update(top_k=sampling.top_k, min_p=0.0, samplers=["temperature", "top_k", "top_p"])
+        if sampling.min_tokens:   # it has no min_tokens, only "never stop at end-of-text"
+            body["ignore_eos"] = sampling.min_tokens >= max_new_tokens
     elif sampling.top_k:
         body["top_k"] = sampling.top_k
-    if sampling.min_tokens:
+    if sampling.min_tokens and engine != spec_stats.LLAMA_CPP:
         body["min_tokens"] = sampling.min_tokens
     if prediction is not None:
         body["prediction"] = {"type": "content", "content": prediction}
@@ -172,7 +174,7 @@ class EndpointRun:
                 model=self.endpoint.model, messages=list(messages), max_tokens=max_new_tokens,
                 temperature=sampling.temperature, top_p=sampling.top_p,
                 seed=sampling.seed if sampling.seed is not None else openai.NOT_GIVEN, stream=True,
-                stream_options={"include_usage": True}, extra_body=_extra_body(self.engine, sampling, prediction))
+                stream_options={"include_usage": True}, extra_body=_extra_body(self.engine, sampling, max_new_tokens, prediction))
         except openai.OpenAIError as exc:
             raise _explain(exc, self.endpoint) from None
         try:
@@ -220,6 +222,8 @@ class EndpointRun:
         stats = replace(stats, drafted=reported.drafted or 0, accepted=reported.accepted or 0,
                         target_calls=reported.verify_steps or stats.target_calls,
                         accepted_by_depth=reported.accepted_per_position or ())
+        if steps:   # the last step carries the totals as the engine reported them
+            steps[-1] = replace(steps[-1], stats=stats)
         answer = "".join(text)
         stop = {"stop": StopReason.EOS, "length": StopReason.MAX_TOKENS, "cancelled": StopReason.CANCELLED}.get(
             finish, StopReason.EOS)
