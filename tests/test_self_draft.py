@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import core.drafting
+from core.auto.calibrate import VERIFY_SIZES
 from core.auto.costs import Latencies
 from core.auto.plan import MAX_BUDGET, MAX_DEPTH, best_plan
 from core.auto.self_calibrate import choose_layers, default_candidates
@@ -350,7 +351,7 @@ def test_choose_layers_times_the_early_exits(deep_target) -> None:
     layers, choice = choose_layers(deep_target, CALIBRATION[:1], GREEDY, (1, 2), width=2, tokens_per_prompt=6)
     assert layers in (1, 2)
     for m in choice.measures:
-        assert sorted(m.latencies.draft) == [1, 2, 4, 8] and sorted(m.latencies.verify) == [1, 2, 3, 4, 6, 8, 12, 16]
+        assert sorted(m.latencies.draft) == [1, 2, 4, 8] and tuple(sorted(m.latencies.verify)) == VERIFY_SIZES
         assert m.draft_ratio > 0
     assert choice.measures[0].latencies.verify == choice.measures[1].latencies.verify   # the target timed once
     assert not deep_target.holds_tree

@@ -222,8 +222,6 @@ class EndpointRun:
         stats = replace(stats, drafted=reported.drafted or 0, accepted=reported.accepted or 0,
                         target_calls=reported.verify_steps or stats.target_calls,
                         accepted_by_depth=reported.accepted_per_position or ())
-        if steps:   # the last step carries the totals as the engine reported them
-            steps[-1] = replace(steps[-1], stats=stats)
         answer = "".join(text)
         stop = {"stop": StopReason.EOS, "length": StopReason.MAX_TOKENS, "cancelled": StopReason.CANCELLED}.get(
             finish, StopReason.EOS)
