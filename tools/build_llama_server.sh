@@ -25,9 +25,11 @@ if grep -q ' amx_int8' /proc/cpuinfo; then
   done
 fi
 # one static binary: nothing of it stays in the build folder, which is removed
-cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON "${cpu[@]}" >/dev/null
-cmake --build build --target llama-server -j"$(nproc)" >/dev/null
+# the compiler's warnings go to a log that is shown only when the build fails
+log=$work/build.log
+{ cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON "${cpu[@]}" &&
+  cmake --build build --target llama-server -j"$(nproc)"; } >"$log" 2>&1 || { tail -n 40 "$log" >&2; exit 1; }
 mkdir -p "$out"
 cp -a build/bin/* "$out/"
 echo "$out/llama-server"

@@ -6,9 +6,9 @@ most of it copies the file. Modes, alternated task by task and repeated:
 * ``speclens``: SpecLens's server (Auto), the file in the prompt only;
 * ``speclens:prediction``: the same, with the file as OpenAI's ``prediction`` (Predicted Outputs);
 * ``llama-server``, ``llama-server:ngram`` (``--spec-default``), ``llama-server:draft``, ``llama-server:both``:
-  llama.cpp's own server on the same files and threads (core.endpoints.llama_server), each speculative configuration
-  restarted before every timed run so that none copies an earlier answer (SpecLens's server runs with
-  ``--memory off``: it drafts only from the request and its prediction).
+  llama.cpp's own server on the same files and threads (core.endpoints.llama_server), restarted before every timed
+  run so that none copies an earlier answer or finds its prompt cached (SpecLens's server runs with ``--memory off``:
+  it drafts only from the request and its prediction, and its prompt cache is emptied before every timed run).
 
 Reported per task: decode tokens/s after the first token (the servers' own ``timings``, which both give in
 llama-server's definition), the time to the whole answer on the client's clock (prefill included), and the accepted
@@ -93,6 +93,7 @@ def _row(mode: str, task: dict, repeat: int, run: EndpointRun) -> dict:
             "decode_tokens_per_s": out.timings.get("predicted_per_second", stats.tokens_per_second),
             "client_decode_tokens_per_s": stats.tokens_per_second,
             "time_to_first_token": stats.time_to_first_token, "seconds_to_answer": stats.seconds,
+            "cached_prompt_tokens": out.timings.get("cache_n"),
             "accepted_prediction_tokens": details.get("accepted_prediction_tokens"),
             "rejected_prediction_tokens": details.get("rejected_prediction_tokens"),
             "drafted": out.stats.drafted, "accepted": out.stats.accepted, "finish_reason": out.finish_reason,
@@ -170,8 +171,7 @@ def markdown(report: dict) -> str:
 
 
 class _Contestants:
-    """The servers of the chosen modes, started when needed; a llama-server configuration that learns from requests
-    starts afresh before each timed run."""
+    """The servers of the chosen modes, started when needed, each handed out with nothing cached."""
 
     def __init__(self, modes: list[str], target, draft, strategy, binary: str | None) -> None:
         self.modes, self.target, self.draft, self.binary = modes, target, draft, binary
@@ -196,12 +196,19 @@ class _Contestants:
                                                  else None, threads=target.n_threads, context=target.context_length)
 
     def endpoint(self, mode: str) -> tuple[Endpoint, str]:
+        """Where ``mode`` is served, its prompt cache empty: a server that found the task's prompt cached from the
+        mode before would skip the prefill the others pay, and its time to the whole answer would look shorter."""
         if mode in OWN_MODES:
+            self.own_engine.submit(self._forget_prompts).result()
             return Endpoint(self.own.url, model=self.own_name), "speclens"
         server = self.servers[mode]
-        if not server.running or server.config in ("ngram", "both"):
-            server.restart()
+        server.restart()      # a fresh process: no cached prompt, and nothing learnt from earlier requests
         return Endpoint(server.url, model="any"), "llama.cpp"
+
+    def _forget_prompts(self) -> None:
+        for backend in (self.target, self.draft):
+            if backend is not None:
+                backend.reset()
 
     def close(self) -> None:
         for server in self.servers.values():
