@@ -191,3 +191,9 @@ def test_greedy_runs_are_compared_by_text_when_one_came_from_an_endpoint(pair):
     margins = [m for step in local.steps for m in step.margins]
     assert not parted.identical and parted.index == token and parted.margin == margins[token]
     assert parted.texts[0].startswith("\u00a7") and "diverged at token" in parted.describe()
+
+
+def test_an_endpoint_is_labelled_by_its_model_file_not_its_folders():
+    assert Endpoint("http://127.0.0.1:8080", model="/home/u/models/q.gguf").label == "q.gguf @ 127.0.0.1:8080"
+    assert Endpoint("http://127.0.0.1:8080/v1", model="Qwen/Qwen2.5-Coder-1.5B").label == \
+        "Qwen/Qwen2.5-Coder-1.5B @ 127.0.0.1:8080"

@@ -159,8 +159,10 @@ def markdown(report: dict) -> str:
         accepted = median_of("speclens:prediction", task, "accepted_prediction_tokens")
         lines.append(f"| {task} | {'yes' if held else 'no'} | " + " | ".join(speeds + times)
                      + f" | {'-' if accepted is None else int(accepted)} |")
+    halves = {bool(r["held_out"]) for r in runs}
+    parts = ["geomean"] + (["tuning", "held_out"] if len(halves) == 2 else []) + ["worst"]   # a half with no task: no row
     for label, key in (("decode tok/s", "decode"), ("time to answer", "time_to_answer")):
-        for part in ("geomean", "tuning", "held_out", "worst"):
+        for part in parts:
             cells = [f"{summary[m][key][part]:.2f}x" if summary[m][key]["per_task"] else "-" for m in modes]
             lines.append(f"| **{label}: {part.replace('_', ' ')}** | | " + " | ".join(
                 cells if key == "decode" else ["" for _ in modes]) + " | " + " | ".join(

@@ -52,7 +52,9 @@ class Endpoint:
 
     @property
     def label(self) -> str:
-        return f"{self.model or '?'} @ {self.root.split('://', 1)[1]}"
+        # llama-server names its model by the file it loaded: the file's name says it, the folders only crowd it
+        model = (self.model or "?").rstrip("/").rsplit("/", 1)[-1] if (self.model or "").startswith("/") else self.model
+        return f"{model or '?'} @ {self.root.split('://', 1)[1]}"
 
 
 @dataclass(frozen=True)
