@@ -32,8 +32,7 @@ def endpoint_job(settings, target, system: str, messages: list[dict], max_new: i
         push(fitted_item(fitted))
         found = probe(endpoint)
         model = endpoint.model or found.models[0]
-        run = EndpointRun(Endpoint(endpoint.url, endpoint.api_key, model), found.engine,
-                          count_tokens=lambda text: len(target.tokenize(text)), tokenize=target.tokenize)
+        run = EndpointRun.for_target(Endpoint(endpoint.url, endpoint.api_key, model), found.engine, target)
         head = [{"role": "system", "content": system}] if system else []
         for event in run.stream(head + messages[fitted.start:], max_new, sampling, cancel):
             push(event)

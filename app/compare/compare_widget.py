@@ -452,5 +452,4 @@ def _endpoint_run(session, refuse):
         return None
     model = endpoint.model if endpoint.model in found.models else found.models[0]
     target = session.backends[0]
-    return EndpointRun(Endpoint(endpoint.url, endpoint.api_key, model), found.engine,
-                       count_tokens=lambda text: len(target.tokenize(text)), tokenize=target.tokenize)
+    return EndpointRun.for_target(Endpoint(endpoint.url, endpoint.api_key, model), found.engine, target)

@@ -219,8 +219,7 @@ def scene_race_endpoint(ctx) -> QWidget:
         server = ServerThread(ServedModels(*pair, Baseline(), "speclens-baseline", remember_answers=False)).start()
     try:
         found = probe(Endpoint(server.url))
-        endpoint = EndpointRun(Endpoint(server.url, model=found.models[0]), found.engine,
-                               count_tokens=lambda text: len(target.tokenize(text)), tokenize=target.tokenize)
+        endpoint = EndpointRun.for_target(Endpoint(server.url, model=found.models[0]), found.engine, target)
         messages = [{"role": "user", "content": EDIT_PROMPT}]
         on_engine_thread(lambda: [None for _ in endpoint.stream(messages, 160, greedy)])
     finally:

@@ -25,6 +25,7 @@ from pathlib import Path
 from core.bench.modes import BenchError
 from core.bench.prompts import PROMPT_DIR
 from core.bench.report import geomean
+from core.bench.run import forget_prompts
 from core.endpoints.client import Endpoint, EndpointRun
 from core.endpoints.llama_server import LlamaServer
 from core.sampling import SamplingParams
@@ -201,16 +202,11 @@ class _Contestants:
         """Where ``mode`` is served, its prompt cache empty: a server that found the task's prompt cached from the
         mode before would skip the prefill the others pay, and its time to the whole answer would look shorter."""
         if mode in OWN_MODES:
-            self.own_engine.submit(self._forget_prompts).result()
+            self.own_engine.submit(lambda: forget_prompts(self.target, self.draft)).result()
             return Endpoint(self.own.url, model=self.own_name), "speclens"
         server = self.servers[mode]
         server.restart()      # a fresh process: no cached prompt, and nothing learnt from earlier requests
         return Endpoint(server.url, model="any"), "llama.cpp"
-
-    def _forget_prompts(self) -> None:
-        for backend in (self.target, self.draft):
-            if backend is not None:
-                backend.reset()
 
     def close(self) -> None:
         for server in self.servers.values():

@@ -154,7 +154,7 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
                             messages=p["messages"]))
                         row = runner_row(out)
                     else:
-                        _forget_prompts(setup)
+                        forget_prompts(setup.target, setup.draft)
                         out = surface.decode(engines[mode], p["messages"], ids, setup.max_new_tokens)
                         row = engine_row(out, engines[mode].strategy)
                     if surface is setup.surfaces[0]:
@@ -172,10 +172,10 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
     return runs
 
 
-def _forget_prompts(setup: BenchSetup) -> None:
-    """Drop the KV the backends kept from the run before: the engine modes share them, and a mode that found its
-    prompt cached would skip the prefill the others paid (its time to first token would look shorter)."""
-    for backend in (setup.target, setup.draft):
+def forget_prompts(*backends) -> None:
+    """Drop the KV the backends kept from the run before: the modes share them, and a mode that found its prompt
+    cached would skip the prefill the others paid (its time to first token would look shorter)."""
+    for backend in backends:
         if backend is not None:
             backend.reset()
 

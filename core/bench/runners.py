@@ -200,8 +200,7 @@ class EndpointRunner:
             raise BenchError(f"{url} has no model {model!r}; it lists {', '.join(found.models)}")
         self.endpoint = Endpoint(url, api_key, model or found.models[0])
         self.engine = found.engine
-        self._run = lambda: EndpointRun(self.endpoint, self.engine, count_tokens=lambda t: len(target.tokenize(t)),
-                                        tokenize=target.tokenize)
+        self._run = lambda: EndpointRun.for_target(self.endpoint, self.engine, target)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
             regenerate: bool = False, messages: list[dict] | None = None) -> RunnerResult:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import PurePosixPath
 from typing import Callable, Iterator, Sequence
 
 import httpx
@@ -52,9 +53,10 @@ class Endpoint:
 
     @property
     def label(self) -> str:
-        # llama-server names its model by the file it loaded: the file's name says it, the folders only crowd it
-        model = (self.model or "?").rstrip("/").rsplit("/", 1)[-1] if (self.model or "").startswith("/") else self.model
-        return f"{model or '?'} @ {self.root.split('://', 1)[1]}"
+        model = self.model or "?"
+        if model.startswith("/"):   # llama-server names its model by the file it loaded: the folders only crowd it
+            model = PurePosixPath(model).name
+        return f"{model} @ {self.root.split('://', 1)[1]}"
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,11 @@ class EndpointRun:
         self.client = openai.OpenAI(base_url=endpoint.base, api_key=endpoint.api_key or "none", max_retries=0,
                                     timeout=TIMEOUT_S)
         self.result: EndpointResult | None = None
+
+    @classmethod
+    def for_target(cls, endpoint: Endpoint, engine: str, target) -> "EndpointRun":
+        """A run read with ``target``'s tokenizer: the local model the endpoint is meant to serve too."""
+        return cls(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)), tokenize=target.tokenize)
 
     def stream(self, messages: Sequence[dict], max_new_tokens: int, sampling: SamplingParams,
                cancel: threading.Event | None = None, prediction: str | None = None) -> Iterator[StepEvent]:
