@@ -19,6 +19,14 @@ ALPHA = 1e-3
 PROMPT = [3, 1, 4, 1, 5]
 
 
+def tiny_target():
+    """The tiny float model the memory drafters' chi-square tests sample from: soft enough that a copy often breaks."""
+    from core.backends.hf import HFBackend
+    from core.tiny import tiny_model
+
+    return HFBackend(tiny_model(VOCAB, seed=7, hidden=32, sharpness=0.5), device="cpu", name="t")
+
+
 def exact_joint(backend, params: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
     """The target's own joint of its first two tokens; end-of-text is barred from the first ``params.min_tokens``."""
     model = backend.model

@@ -25,7 +25,7 @@ def resumed_at(context: list[int], copied_up_to: int) -> tuple[list[int], list[f
     """The guesses after ``context``, anchored where its first ``copied_up_to`` tokens were a copy."""
     anchor = CopyAnchor()
     live = LiveIndex(context[:copied_up_to])
-    anchor.follow(len(live), *live.longest())
+    anchor.follow(live, *live.longest())
     live.sync(context)
     ends, weights = anchor.resumptions(live)
     return [context[e + 1] for e in ends], weights.tolist()
@@ -56,7 +56,7 @@ def test_no_anchor_or_a_long_gap_means_no_guess() -> None:
     context = SOURCE + [0] + [10, 11, 12, 13] + [90 + i for i in range(MAX_GAP + 1)]
     anchor = CopyAnchor()
     live = LiveIndex(context[:len(SOURCE) + 1 + ANCHOR_MATCH])
-    anchor.follow(len(live), *live.longest())
+    anchor.follow(live, *live.longest())
     live.sync(context)
     assert not len(anchor.resumptions(live)[0]) and anchor.at is None
 
@@ -156,12 +156,10 @@ def test_greedy_identical_to_baseline_on_edited_prompts() -> None:
 
 @pytest.mark.slow
 def test_chi_square_first_two_tokens_with_resumed_trees() -> None:
-    from core.backends.hf import HFBackend
-    from core.tiny import tiny_model
-    from tests.chi_square import ALPHA, N, VOCAB, chi_square_p, exact_joint, sampled_joint
+    from tests.chi_square import ALPHA, N, chi_square_p, exact_joint, sampled_joint, tiny_target
 
     prompt = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4]
-    target = HFBackend(tiny_model(VOCAB, seed=7, hidden=32, sharpness=0.5), device="cpu", name="t")
+    target = tiny_target()
     params = SamplingParams(temperature=1.0)
     strategy = Memory(6, 2, min_match=1)
     joint = exact_joint(target, params, prompt)

@@ -282,7 +282,8 @@ class AutoDrafter(DrafterBase):
 
 
 def _what_matched(proposal: MemoryProposal) -> str:
-    return "where a copy resumes after an edit" if proposal.resumed else f"match of {proposal.match} tokens"
+    what = "where a copy resumes after an edit" if proposal.resumed else f"match of {proposal.match} tokens"
+    return what + proposal.edit_note
 
 
 def _plan_note(plan: Plan, drafting: bool) -> str:

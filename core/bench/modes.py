@@ -28,7 +28,7 @@ MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia sha
              "vector), multidraft[:K[:LENGTH[:specinfer|spectr]]] (K draft sequences, verified by rule 3 or by "
              "SpecTr's K-SEQ), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), self:L[:K] (the "
              "target's first L layers draft a chain of K; transformers backend), adaptive, auto[:noresume] (Auto "
-             "without guesses of where a copy resumes after an edit), "
+             "without guesses of where a copy resumes after an edit, nor edits applied again), "
              f"{HF_ASSISTED} (transformers backend only), {LLAMA_SERVER}[:ngram|:draft|:both] (llama.cpp's own server "
              "on the same files and threads: plain, its --spec-default n-gram drafts, the draft model, or both), "
              f"{ENDPOINT}URL[#MODEL] (any OpenAI-compatible server: another SpecLens, llama-server, vLLM, SGLang; "

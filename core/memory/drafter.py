@@ -4,8 +4,9 @@ proposed as a token tree of the likeliest ones (SuffixDecoding's idea, with cali
 Each step the drafter finds the longest suffix of the context that occurred before, in the context itself (live)
 or in the :class:`SuffixMemory` attached, and builds the tree from what followed every occurrence of that length.
 Recent occurrences weigh more: the live text first, then the documents used most recently. Where a copy of the live
-text just broke off (an edit), the tree holds guesses of where it resumes instead (core.memory.resume). At the end of
-a generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts it next time.
+text just broke off (an edit), the tree holds guesses of where it resumes instead (core.memory.resume), and once it
+has resumed, the edit is applied wherever the copy meets the same source tokens again (core.memory.substitutions).
+At the end of a generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts it next time.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from core.memory.index import MAX_MATCH, LiveIndex
 from core.memory.proposal import MemoryProposal, best_first
 from core.memory.resume import ANCHOR_MATCH, CopyAnchor
 from core.memory.stats import RESUMED, MemoryStats
+from core.memory.substitutions import Substitutions
 from core.sampling import Rng, SamplingParams
 from core.tree import TokenTree
 from core.verify import Verdict
@@ -67,8 +69,10 @@ class MemoryDrafter(DrafterBase):
         self._own_stats = MemoryStats() if memory is None else None
         self.live = LiveIndex()
         self.anchor = CopyAnchor()
+        self.substitutions = Substitutions()
         self.note = ""
         self._last: MemoryProposal | None = None
+        self._substituted = False     # the proposal being built carries a substitution
 
     @property
     def stats(self) -> MemoryStats:
@@ -83,15 +87,17 @@ class MemoryDrafter(DrafterBase):
     def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
         self.live = LiveIndex(prompt)
         self.anchor = CopyAnchor()
+        self.substitutions = Substitutions()
         self._last = None
         self.note = ""
 
     def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1) -> MemoryProposal:
         """The memory tree after ``context`` (nodes best first) with its estimates; an empty tree when the longest
         match is shorter than ``min_match``. The next :meth:`feedback` refers to this proposal."""
+        self._substituted = False
         self.live.sync(context)
         live_match, live_ends = self.live.longest()
-        self.anchor.follow(len(self.live), live_match, live_ends)
+        self._learn_edits(live_match, live_ends)
         state = self.memory.state if self.memory is not None else None
         mem_match, mem_ends = state.index.longest(self.live.suffix()) if state is not None else (0, live_ends[:0])
         match = max(live_match, mem_match)
@@ -99,9 +105,9 @@ class MemoryDrafter(DrafterBase):
         if self.resume and match < ANCHOR_MATCH:
             ends, weights = self.anchor.resumptions(self.live)
             if len(ends):
-                found = best_first(self.live.continuations(ends, depth), weights, np.full(len(ends), -1, np.int64),
+                found = best_first(self._live_rows(ends, depth), weights, np.full(len(ends), -1, np.int64),
                                    ANCHOR_MATCH, self.stats, max_nodes, max_depth, first_match=RESUMED)
-                self._last = replace(found, match=match, resumed=True)
+                self._last = replace(found, match=match, resumed=True, substituted=self._substituted)
                 return self._last
         if match < max(min_match, 1):
             self._last = MemoryProposal(TokenTree(), match)
@@ -109,17 +115,37 @@ class MemoryDrafter(DrafterBase):
         rows, documents = [], []
         if live_match == match:
             ends = live_ends[::-1][:MAX_OCCURRENCES]          # latest first
-            rows.append(self.live.continuations(ends, depth))
+            rows.append(self._live_rows(ends, depth))
             documents.append(np.full(len(ends), -1, np.int64))
         if mem_match == match:
             ends, uids = state.recent(mem_ends, MAX_OCCURRENCES - sum(len(r) for r in rows))
             rows.append(state.index.continuations(ends, depth))
             documents.append(uids)
         together = np.concatenate(rows) if len(rows) > 1 else rows[0]
-        self._last = best_first(together, _RECENCY[:len(together)],
-                                np.concatenate(documents) if len(documents) > 1 else documents[0], match,
-                                self.stats, max_nodes, max_depth)
+        found = best_first(together, _RECENCY[:len(together)],
+                           np.concatenate(documents) if len(documents) > 1 else documents[0], match,
+                           self.stats, max_nodes, max_depth)
+        self._last = replace(found, substituted=self._substituted) if self._substituted else found
         return self._last
+
+    def _learn_edits(self, match: int, ends: np.ndarray) -> None:
+        """Follow the copy; an edit closed by finding it again becomes a substitution, and one the text did not make
+        where it was carried is forgotten."""
+        edit = self.anchor.follow(self.live, match, ends)
+        if not self.resume:
+            return
+        self.substitutions.check(self.live.tokens())
+        if edit is not None:
+            self.substitutions.learn(*edit)
+
+    def _live_rows(self, ends: np.ndarray, depth: int) -> np.ndarray:
+        """The continuations of this text after ``ends``, with the substitutions learnt applied."""
+        if not len(self.substitutions):
+            return self.live.continuations(ends, depth)
+        copied = self.live.continuations(ends, depth + self.substitutions.widest)
+        rows = self.substitutions.applied(copied, depth, len(self.live))
+        self._substituted = self._substituted or not np.array_equal(rows, copied[:, :depth])
+        return rows
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         proposal = self.propose(tokens, min(self.budget, max_nodes), min(self.max_depth, max_depth), self.min_match)
@@ -129,14 +155,14 @@ class MemoryDrafter(DrafterBase):
             return proposal.tree
         if proposal.resumed:
             self.note = (f"memory: {_plural(len(proposal.tree), 'node')} guessing where the copy of this text resumes "
-                         f"after an edit")
+                         f"after an edit{proposal.edit_note}")
             return proposal.tree
         remembered = len({d for d in proposal.row_documents if d >= 0})
         places = (["this text"] if -1 in proposal.row_documents else []) + \
             ([_plural(remembered, "remembered document")] if remembered else [])
         where = " in " + " and ".join(places)
         self.note = (f"memory: match of {_plural(proposal.match, 'token')}, {_plural(len(proposal.tree), 'node')} "
-                     f"from {_plural(proposal.occurrences, 'earlier occurrence')}{where}")
+                     f"from {_plural(proposal.occurrences, 'earlier occurrence')}{where}{proposal.edit_note}")
         return proposal.tree
 
     def _proposal_nodes(self, tree: TokenTree) -> list[int]:
@@ -185,7 +211,8 @@ class Memory(StaticStrategy):
     """Drafts from memory: this text and, when a :class:`SuffixMemory` is attached, remembered documents.
 
     ``budget`` nodes at most, ``max_depth`` levels, nothing unless ``min_match`` tokens agree, and where a copy of
-    the text broke off, guesses of where it resumes unless ``resume`` is off. No draft model.
+    the text broke off, guesses of where it resumes, and the edits seen applied where the copy meets their source
+    tokens again, unless ``resume`` is off. No draft model.
     """
 
     budget: int = 8

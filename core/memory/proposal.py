@@ -35,11 +35,17 @@ class MemoryProposal:
     blocks: tuple[tuple[int, int], ...] = ()   # rows [a, b) of the sorted occurrences that back each node
     row_documents: tuple[int, ...] = ()     # per sorted occurrence: its remembered document's id, -1 for live text
     resumed: bool = False                   # guesses where a copy resumes after an edit (core.memory.resume)
+    substituted: bool = False               # carries an edit seen earlier in the text (core.memory.substitutions)
 
     def expected_tokens(self, n: int | None = None) -> float:
         """Tokens one target call is expected to emit with the first ``n`` nodes (all when None): the accepted
         drafted tokens plus the target's own."""
         return 1.0 + sum(self.path_probs[:n])
+
+    @property
+    def edit_note(self) -> str:
+        """What a note adds when the tree carries an earlier edit."""
+        return ", applying an edit seen earlier" if self.substituted else ""
 
     def documents(self, node: int) -> set[int]:
         """Ids of the remembered documents whose continuation includes ``node``'s path."""

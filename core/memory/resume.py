@@ -8,6 +8,7 @@ gap of ``n`` new tokens the copy most likely resumes ``n`` source tokens on (a s
 token or two sooner or later (the new name tokenises differently), or where it stopped (an insertion). Each guess is
 one row of continuations weighted by how likely its shift is; :func:`core.memory.proposal.best_first` merges the
 rows into a tree, and memory's statistics learn in a bucket of their own (``RESUMED``) how often a guess is right.
+When the copy is found again, the anchor says what the edit was (core.memory.substitutions applies it again).
 """
 from __future__ import annotations
 
@@ -28,11 +29,28 @@ class CopyAnchor:
     def __init__(self) -> None:
         self.at: tuple[int, int] | None = None
 
-    def follow(self, n: int, match: int, ends: np.ndarray) -> None:
-        """After a lookup in a context of ``n`` tokens: a match of ``ANCHOR_MATCH`` tokens or more re-anchors at its
-        latest occurrence."""
-        if match >= ANCHOR_MATCH and len(ends):
-            self.at = (n, int(ends[-1]))
+    def follow(self, live: LiveIndex, match: int, ends: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """After a lookup in ``live``: a match of ``ANCHOR_MATCH`` tokens or more re-anchors at its latest occurrence.
+
+        Returns the edit this closes, ``(old, new)``: where the anchored copy broke off, the source's tokens up to
+        where the copy resumed and the tokens written instead; None when the copy did not break, resumed elsewhere
+        or did not skip any source token (an insertion).
+        """
+        if match < ANCHOR_MATCH or not len(ends):
+            return None
+        n, source = len(live), int(ends[-1])
+        edit = self._closed_edit(live.tokens(), n, source, match) if self.at is not None else None
+        self.at = (n, source)
+        return edit
+
+    def _closed_edit(self, tokens: np.ndarray, n: int, source: int, match: int):
+        at, copied = self.at
+        agreed = _agreed(tokens, at, copied + 1, n - at)
+        broke, skipped = at + agreed, copied + 1 + agreed      # first token written / source token not copied
+        resumed, resumed_source = n - match, source - match + 1
+        if broke >= n or resumed < broke or resumed_source <= skipped:
+            return None
+        return tuple(tokens[skipped:resumed_source].tolist()), tuple(tokens[broke:resumed].tolist())
 
     def resumptions(self, live: LiveIndex) -> tuple[np.ndarray, np.ndarray]:
         """(ends, weights): the positions after which the copy may resume, as ``LiveIndex`` ends (the token before

@@ -1,0 +1,193 @@
+"""Substitutions (core.memory.substitutions): an edit seen once where a copy broke off and resumed is applied where the
+copy meets the same source tokens again; the trees it drafts keep decoding exact (enumeration, greedy identity,
+chi-square), and a rename used several times is drafted through at its later uses."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from core.drafting import Baseline
+from core.engine import SpeculativeEngine
+from core.events import Origin
+from core.memory import Memory, MemoryDrafter
+from core.memory.index import SEP, LiveIndex
+from core.memory.resume import CopyAnchor
+from core.memory.substitutions import MAX_TOKENS, Substitutions
+from core.sampling import SamplingParams
+from tests.exact import first_two_tokens_exact
+from tests.test_memory_resume import edited_copy_target
+from tests.table_backend import TableBackend, random_table
+
+GREEDY = SamplingParams(temperature=0.0)
+SOURCE = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+
+
+def edit_closed(context: list[int], copied_up_to: int):
+    """What the anchor says when ``context`` finds its copy again, having anchored after ``copied_up_to`` tokens."""
+    anchor = CopyAnchor()
+    live = LiveIndex(context[:copied_up_to])
+    assert anchor.follow(live, *live.longest()) is None, "the first anchor closes nothing"
+    live.sync(context)
+    return anchor.follow(live, *live.longest())
+
+
+def test_a_copy_found_again_after_a_change_says_what_changed() -> None:
+    # "10 11 12 13" copied, 99 written where the source has 14, then "15 16 17 18" copied again
+    assert edit_closed(SOURCE + [0, 10, 11, 12, 13, 99, 15, 16, 17, 18], 15) == ((14,), (99,))
+    # a name of one token written as two, and two source tokens written as one
+    assert edit_closed(SOURCE + [0, 10, 11, 12, 13, 98, 99, 15, 16, 17, 18], 15) == ((14,), (98, 99))
+    assert edit_closed(SOURCE + [0, 10, 11, 12, 13, 99, 16, 17, 18, 19], 15) == ((14, 15), (99,))
+
+
+def test_an_unbroken_copy_or_an_insertion_is_no_substitution() -> None:
+    assert edit_closed(SOURCE + [0, 10, 11, 12, 13, 14, 15, 16, 17], 15) is None
+    # 99 inserted before 14: the copy resumes where it stopped, no source token was replaced
+    assert edit_closed(SOURCE + [0, 10, 11, 12, 13, 99, 14, 15, 16, 17], 15) is None
+
+
+def rows(*lists: list[int], width: int) -> np.ndarray:
+    return np.array([r + [SEP] * (width - len(r)) for r in lists], np.int64)
+
+
+def test_rows_carry_the_new_tokens_wherever_the_source_has_the_old() -> None:
+    subs = Substitutions()
+    subs.learn((14,), (98, 99))
+    subs.learn((16, 17), (7,))
+    got = subs.applied(rows([13, 14, 15, 16, 17, 18, 19], [14, 14, 1, 2], [1, 2, 3], width=7), depth=5, at=0)
+    assert got.tolist() == [[13, 98, 99, 15, 7], [98, 99, 98, 99, 1], [1, 2, 3, SEP, SEP]]
+    assert subs.widest == 1, "a shorter new needs one more source token to fill the row"
+
+
+def carried(written: list[int]) -> bool:
+    """Whether ``14 -> 99``, carried by a continuation ``13 14 15`` after a context of 10 tokens, survives the
+    text then writing ``written`` there."""
+    subs = Substitutions()
+    subs.learn((14,), (99,))
+    subs.applied(rows([13, 14, 15], width=3), depth=3, at=10)
+    subs.check(np.array([0] * 10 + written))
+    return (14,) in subs
+
+
+def test_a_substitution_the_text_did_not_make_where_it_was_carried_is_forgotten() -> None:
+    assert carried([13, 99, 15]), "made: kept"
+    assert not carried([13, 14, 15]), "the old tokens written (a rename in one function only): forgotten"
+    assert not carried([13, 77]), "something else written (values that change from line to line): forgotten"
+    assert carried([50, 51]), "the text left the continuation before the substitution: it says nothing"
+    assert carried([13]), "not reached yet: kept"
+
+
+def test_only_substitutions_are_learnt() -> None:
+    subs = Substitutions()
+    for old, new in (((), (1,)), ((3,), ()), ((3,), (3,)), (tuple(range(MAX_TOKENS + 1)), (1,))):
+        subs.learn(old, new)
+        assert old not in subs, (old, new)
+
+
+def test_the_drafter_drafts_a_renamed_name_at_its_next_use() -> None:
+    name, renamed = 14, 60
+    source = [10, 11, 12, 13, name, 15, 16, 17, 18, 19, 20, 21, name, 22, 23, 24]
+    drafter = MemoryDrafter(budget=8, max_depth=8)
+    written = [0, 10, 11, 12, 13]
+    drafter.start(source + written)
+    drafter.propose(source + written, 8, 8)
+    for token in [renamed, 15, 16, 17, 18]:       # the first use renamed, then the copy found again
+        written.append(token)
+        drafter.propose(source + written, 8, 8)
+    assert (name,) in drafter.substitutions
+    written += [19, 20]
+    proposal = drafter.propose(source + written, 8, 8)
+    assert proposal.tree.tokens[:4] == [21, renamed, 22, 23], "the copy runs through the next use of the new name"
+
+
+def drafted_renames(target, prompt: list[int], renamed: int) -> tuple[tuple[int, ...], int]:
+    """(tokens, how many times the new name was a drafted token the target accepted) of a greedy Memory decode."""
+    engine = SpeculativeEngine(target, None, Memory(8, 8), GREEDY)
+    accepted = sum(token == renamed and origin is Origin.DRAFT
+                   for event in engine.stream(prompt, 60) for token, origin in zip(event.tokens, event.origins))
+    return engine.last_result.tokens, accepted
+
+
+def test_a_rename_used_often_is_drafted_through_and_stays_greedy_identical(monkeypatch) -> None:
+    source = list(range(10, 70))
+    name, renamed = 5, 70
+    for at in (6, 18, 30, 42, 54):
+        source[at] = name
+    target, prompt = edited_copy_target(source, {i: [renamed] for i, t in enumerate(source) if t == name}, 72)
+    expected = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(prompt, 60).tokens
+    tokens, drafted = drafted_renames(target, prompt, renamed)
+    assert tokens == expected and drafted >= 2, drafted
+    monkeypatch.setattr(Substitutions, "learn", lambda self, old, new: None)
+    tokens, drafted = drafted_renames(target, prompt, renamed)
+    assert tokens == expected and drafted == 0, "without substitutions the new name is only ever the target's own"
+
+
+# -- exactness of trees drafted through a substitution -------------------------------------------------------------
+
+OLD, NEW = (5,), (2,)
+TAUGHT_PROMPT = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4]    # ends copying 1..4: the copy goes on with 5 -> 2
+
+
+@dataclass(frozen=True)
+class Taught(Memory):
+    """Memory drafts from a drafter that has already learnt ``OLD -> NEW`` (as after an earlier rename)."""
+
+    def make_drafter(self, draft, params, rng) -> MemoryDrafter:
+        drafter = super().make_drafter(draft, params, rng)
+        start = drafter.start
+
+        def taught(prompt, cancel=None) -> None:
+            start(prompt, cancel)
+            drafter.substitutions.learn(OLD, NEW)
+
+        drafter.start = taught
+        return drafter
+
+
+def test_the_taught_drafter_drafts_the_substitution_first() -> None:
+    drafter = Taught(6, 2, min_match=1).make_drafter(None, GREEDY, None)
+    drafter.start(TAUGHT_PROMPT)
+    assert drafter.draft(TAUGHT_PROMPT, 2, 6).tokens[:2] == [2, 6]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9),
+                                    SamplingParams(temperature=1.3, top_k=3)], ids=["t1", "t0.7-p0.9", "t1.3-k3"])
+def test_sampled_joint_distribution_is_exact_through_substitutions(params) -> None:
+    vocab = 9
+    target = TableBackend(random_table(vocab, seed=5), vocab, "target")
+    got, expected = first_two_tokens_exact(target, None, Taught(6, 2, min_match=1), params, TAUGHT_PROMPT)
+    assert float((got - expected).abs().max()) < 1e-9
+
+
+def test_greedy_identical_through_substitutions_on_random_targets() -> None:
+    drafted = 0
+    for seed in range(6):
+        target = TableBackend(random_table(9, seed=seed, sharp=3.0), 9, "target")
+        expected = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(TAUGHT_PROMPT, 12).tokens
+        result = SpeculativeEngine(target, None, Taught(6, 4, min_match=1), GREEDY).generate(TAUGHT_PROMPT, 12)
+        assert result.tokens == expected, f"seed {seed}"
+        drafted += result.stats.drafted
+    assert drafted > 0
+
+
+@pytest.mark.slow
+def test_chi_square_first_two_tokens_through_substitutions() -> None:
+    from tests.chi_square import ALPHA, N, chi_square_p, exact_joint, sampled_joint, tiny_target
+
+    target, params = tiny_target(), SamplingParams(temperature=1.0)
+    joint = exact_joint(target, params, TAUGHT_PROMPT)
+    p = chi_square_p(sampled_joint(target, None, Taught(6, 2, min_match=1), params, TAUGHT_PROMPT), joint)
+    print(f"\nchi-square memory trees through a substitution T=1.0: p = {p:.4f} (N={N})")
+    assert p > ALPHA
+
+
+def test_a_tree_carrying_an_edit_says_so() -> None:
+    drafter = Taught(6, 2, min_match=1).make_drafter(None, GREEDY, None)
+    drafter.start(TAUGHT_PROMPT)
+    drafter.draft(TAUGHT_PROMPT, 2, 6)
+    assert drafter.last_proposal.substituted and drafter.note.endswith("applying an edit seen earlier")
+    plain = MemoryDrafter(budget=6, max_depth=2, min_match=1)
+    plain.start(TAUGHT_PROMPT)
+    plain.draft(TAUGHT_PROMPT, 2, 6)
+    assert not plain.last_proposal.substituted and "edit" not in plain.note
