@@ -411,3 +411,34 @@ def test_speclens_plan_prints_everything(capsys, monkeypatch) -> None:
 def test_speclens_plan_names_a_bad_pair(capsys) -> None:
     assert plan_main(["--pair", "nonesuch"]) == 2
     assert "nonesuch" in capsys.readouterr().err
+
+
+def test_one_stalled_lookup_changes_nothing(tmp_path, monkeypatch) -> None:
+    # a lookup costs a tenth of a millisecond against plain steps of a second, but the first one stalls for ten
+    # seconds (as the first lookup of a benchmark run once did): what a lookup costs is what lookups usually cost
+    import core.auto.policy as policy
+    from core.memory import MemoryDrafter
+
+    now = [0.0]
+    monkeypatch.setattr(policy, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    propose = MemoryDrafter.propose
+
+    def timed(stall: float):
+        def lookup(self, *args, **kwargs):
+            now[0] += stall if not lookups else 1e-4
+            lookups.append(1)
+            return propose(self, *args, **kwargs)
+        return lookup
+
+    target = TableBackend(cycle_table(vocab=24, period=7), 24)
+    prompt = list(range(10, 21))     # the answer, 0 1 2 ... 6 0 1 ..., repeats only itself: the first lookups find none
+    drafted = {}
+    for stall in (1e-4, 10.0):
+        lookups: list[int] = []
+        monkeypatch.setattr(MemoryDrafter, "propose", timed(stall))
+        auto = Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=open_memory(f"t{stall}", tmp_path),
+                    clock=None)
+        result, _ = run(target, None, auto, prompt=prompt, tokens=40)
+        assert result.tokens == baseline(target, prompt, 40).tokens
+        drafted[stall] = (result.stats.drafted, len(lookups))
+    assert drafted[10.0] == drafted[1e-4] and drafted[1e-4][0] > 0, drafted

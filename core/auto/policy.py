@@ -22,6 +22,8 @@ gone unmeasured for a while, one plain step re-times it (core.auto.step_costs).
 from __future__ import annotations
 
 import time
+from collections import deque
+from statistics import median
 from typing import Callable, Sequence
 
 from core.auto.estimates import AcceptanceTracker, PromptRates
@@ -36,6 +38,7 @@ from core.tree import TokenTree, depths_of
 from core.verify import Verdict
 
 LOOKUP_SHARE = 0.02     # a lookup costing more than this share of a plain step backs off while it finds nothing
+LOOKUP_WINDOW = 16      # recent lookups whose median is a lookup's cost
 MAX_SKIP = 16
 DRIFT = 0.15            # re-plan the tree when the measured c(n, d) moves this far from the planned one
 DRIFT_STEPS = 12        # ... judged over at least this many model-drafted steps
@@ -70,6 +73,7 @@ class AutoDrafter(DrafterBase):
         self.plain_seconds = 0.0   # what a plain step was predicted to cost at each step, summed
         self.lookup_seconds = 0.0
         self._lookups = 0
+        self._recent_lookups: deque[float] = deque(maxlen=LOOKUP_WINDOW)
         self._skip = 0          # steps left without a lookup
         self._backoff = 0       # how many to skip after the next fruitless lookup
         self._model_steps = 0
@@ -100,7 +104,7 @@ class AutoDrafter(DrafterBase):
         started = self._time_last_step()
         self._score_shadow(tokens)
         proposal = self._lookup(tokens, max_nodes, max_depth)
-        lookup = self.lookup_seconds / self._lookups if self._lookups else 0.0
+        lookup = self._lookup_cost()
         options: dict[str, tuple[float, float]] = {"plain": (1.0, lat.plain + lookup)}
         size = 0
         if len(proposal.tree):
@@ -164,9 +168,21 @@ class AutoDrafter(DrafterBase):
         # no call wider than the plan measured: a width never timed is never chosen on a guess
         widest = self.latencies.widest - 1
         proposal = self.memory.propose(tokens, min(widest, max_nodes), min(widest, max_depth))
+        seconds = time.perf_counter() - t0
         self._lookups += 1
-        self.lookup_seconds += time.perf_counter() - t0
+        self.lookup_seconds += seconds
+        self._recent_lookups.append(seconds)
         return proposal
+
+    def _lookup_cost(self) -> float:
+        """What a lookup costs: the median of the recent ones, the cheapest while there are fewer than
+        ``MIN_SAMPLES``. Not the mean: one lookup stalled by the system (seen: the first of a benchmark run, 2.6 ms on
+        average over its answer against 0.3-0.5 for every other) priced every lookup above ``LOOKUP_SHARE``, and the
+        back-off then left too few lookups to dilute it: memory drafted nothing for the whole answer."""
+        recent = self._recent_lookups
+        if len(recent) < MIN_SAMPLES:
+            return min(recent, default=0.0)
+        return median(recent)
 
     def _back_off(self, drafted: bool, lookup: float) -> None:
         """Where a lookup costs a noticeable share of a step (small fast models), fruitless lookups are spaced out,
