@@ -16,6 +16,7 @@ from core.auto.costs import Latencies
 from core.auto.plan import Plan
 from core.bench.prompts import read_prompts
 from core.bench.report import ratios
+from core.bench.runners import LlamaServerRunner, earlier_sampling
 from core.bench.run import EngineSurface, attach_memories
 from core.memory import SuffixMemory
 from core.sampling import Rng, SamplingParams
@@ -263,3 +264,26 @@ def test_aa_controls_run_as_twins_of_their_reference(tmp_path, prompt_file) -> N
     assert len(twins) == len(PROMPTS) * 2 and all(r["greedy_vs_baseline"].startswith("identical") for r in twins)
     assert all(r["target_calls"] == r["new_tokens"] for r in twins)   # plain steps, like the baseline it mirrors
     assert set(report["summary"]["baseline:again"]["by_prompt"]) == {"set/p1", "set/p2"}
+
+
+def test_a_regenerated_prompt_is_a_new_sample_for_every_contestant() -> None:
+    # the earlier answer a runner is shown (and SpecLens remembers) is drawn with another seed than the timed run:
+    # with the same one a server that learns from what it served would draft the very sample it then draws
+    sampled = SamplingParams(temperature=0.7, seed=5)
+    assert earlier_sampling(sampled).seed == 6 and earlier_sampling(sampled).temperature == 0.7
+    assert earlier_sampling(SamplingParams(temperature=0.0)) == SamplingParams(temperature=0.0)
+
+    seeds = []
+
+    class Server:
+        def restart(self) -> None:
+            pass
+
+        def completion(self, prompt_ids, max_new_tokens, sampling):
+            seeds.append(sampling.seed)
+            return {"tokens": [1], "timings": {"prompt_ms": 1.0, "predicted_ms": 1.0}}
+
+    runner = object.__new__(LlamaServerRunner)   # its server is the fake above, not a process
+    runner.server, runner.learns = Server(), True
+    runner.run([1, 2], 4, sampled, regenerate=True)
+    assert seeds == [6, 5]

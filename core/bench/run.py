@@ -17,7 +17,7 @@ from typing import Callable, Protocol, Sequence, TypeVar
 
 from core.auto import Auto, attach_memory
 from core.bench.modes import HF_ASSISTED, NATIVE
-from core.bench.runners import RunnerResult
+from core.bench.runners import RunnerResult, earlier_sampling
 from core.bench.same_drafts import SameDrafts
 from core.divergence import compare_greedy
 from core.drafting import Baseline
@@ -191,11 +191,11 @@ def _warm_up(setup: BenchSetup, engines: dict, prompt: list[int]) -> None:
 
 def _memory_for(setup: BenchSetup, prompt: dict, ids: list[int], before, log: Log):
     """The memory a prompt's runs start from: as before the run, plus, for a regenerated prompt, its earlier
-    answer (decoded once with Baseline, untimed)."""
+    answer (decoded once with Baseline, untimed, sampled with another seed than the timed runs)."""
     setup.memory.restore(before)
     if not prompt["regenerate"]:
         return before
-    engine = SpeculativeEngine(setup.target, None, Baseline(), setup.sampling)
+    engine = SpeculativeEngine(setup.target, None, Baseline(), earlier_sampling(setup.sampling))
     earlier = setup.call(lambda: engine.generate(ids, setup.max_new_tokens))
     setup.memory.add_answer(ids, earlier.tokens)
     log(f"  {prompt['set']}/{prompt['id']}: remembered an earlier answer of {len(earlier.tokens)} tokens")
