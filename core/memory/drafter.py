@@ -6,7 +6,8 @@ or in the :class:`SuffixMemory` attached, and builds the tree from what followed
 Recent occurrences weigh more: the live text first, then the documents used most recently. Where a copy of the live
 text just broke off (an edit), the tree holds guesses of where it resumes instead (core.memory.resume), and once it
 has resumed, the edit is applied wherever the copy meets the same source tokens again (core.memory.substitutions).
-At the end of a generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts it next time.
+At the end of a generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts
+it next time.
 """
 from __future__ import annotations
 
@@ -72,7 +73,6 @@ class MemoryDrafter(DrafterBase):
         self.substitutions = Substitutions()
         self.note = ""
         self._last: MemoryProposal | None = None
-        self._substituted = False     # the proposal being built carries a substitution
 
     @property
     def stats(self) -> MemoryStats:
@@ -94,7 +94,6 @@ class MemoryDrafter(DrafterBase):
     def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1) -> MemoryProposal:
         """The memory tree after ``context`` (nodes best first) with its estimates; an empty tree when the longest
         match is shorter than ``min_match``. The next :meth:`feedback` refers to this proposal."""
-        self._substituted = False
         self.live.sync(context)
         live_match, live_ends = self.live.longest()
         self._learn_edits(live_match, live_ends)
@@ -105,17 +104,19 @@ class MemoryDrafter(DrafterBase):
         if self.resume and match < ANCHOR_MATCH:
             ends, weights = self.anchor.resumptions(self.live)
             if len(ends):
-                found = best_first(self._live_rows(ends, depth), weights, np.full(len(ends), -1, np.int64),
+                rows, substituted = self._live_rows(ends, depth)
+                found = best_first(rows, weights, np.full(len(ends), -1, np.int64),
                                    ANCHOR_MATCH, self.stats, max_nodes, max_depth, first_match=RESUMED)
-                self._last = replace(found, match=match, resumed=True, substituted=self._substituted)
+                self._last = replace(found, match=match, resumed=True, substituted=substituted)
                 return self._last
         if match < max(min_match, 1):
             self._last = MemoryProposal(TokenTree(), match)
             return self._last
-        rows, documents = [], []
+        rows, documents, substituted = [], [], False
         if live_match == match:
             ends = live_ends[::-1][:MAX_OCCURRENCES]          # latest first
-            rows.append(self._live_rows(ends, depth))
+            live_rows, substituted = self._live_rows(ends, depth)
+            rows.append(live_rows)
             documents.append(np.full(len(ends), -1, np.int64))
         if mem_match == match:
             ends, uids = state.recent(mem_ends, MAX_OCCURRENCES - sum(len(r) for r in rows))
@@ -125,7 +126,7 @@ class MemoryDrafter(DrafterBase):
         found = best_first(together, _RECENCY[:len(together)],
                            np.concatenate(documents) if len(documents) > 1 else documents[0], match,
                            self.stats, max_nodes, max_depth)
-        self._last = replace(found, substituted=self._substituted) if self._substituted else found
+        self._last = replace(found, substituted=True) if substituted else found
         return self._last
 
     def _learn_edits(self, match: int, ends: np.ndarray) -> None:
@@ -138,14 +139,14 @@ class MemoryDrafter(DrafterBase):
         if edit is not None:
             self.substitutions.learn(*edit)
 
-    def _live_rows(self, ends: np.ndarray, depth: int) -> np.ndarray:
-        """The continuations of this text after ``ends``, with the substitutions learnt applied."""
+    def _live_rows(self, ends: np.ndarray, depth: int) -> tuple[np.ndarray, bool]:
+        """The continuations of this text after ``ends``, with the substitutions learnt applied, and whether any
+        applied."""
         if not len(self.substitutions):
-            return self.live.continuations(ends, depth)
+            return self.live.continuations(ends, depth), False
         copied = self.live.continuations(ends, depth + self.substitutions.widest)
         rows = self.substitutions.applied(copied, depth, len(self.live))
-        self._substituted = self._substituted or not np.array_equal(rows, copied[:, :depth])
-        return rows
+        return rows, not np.array_equal(rows, copied[:, :depth])
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         proposal = self.propose(tokens, min(self.budget, max_nodes), min(self.max_depth, max_depth), self.min_match)

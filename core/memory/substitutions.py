@@ -70,21 +70,23 @@ class Substitutions:
         if not self._new or not len(rows):
             return rows[:, :depth]
         firsts = np.fromiter({old[0] for old in self._new}, np.int64)
+        olds = sorted(self._new, key=len, reverse=True)     # the longest ``old`` that fits wins
         out = rows[:, :depth].copy()
         for i in np.flatnonzero(np.isin(rows, firsts).any(axis=1)):
-            row, first = self._rewrite(rows[i].tolist())
+            row, first = self._rewrite(rows[i].tolist(), olds)
             if first is not None:
                 self._checks.append((at, tuple(row[:first[0] + len(self._new[first[1]])]), first[1]))
             row = row[:depth]
             out[i] = row + [SEP] * (depth - len(row))
         return out
 
-    def _rewrite(self, row: list[int]) -> tuple[list[int], tuple[int, tuple[int, ...]] | None]:
-        """The row rewritten, and where its first substitution starts in it and which ``old`` it replaced."""
+    def _rewrite(self, row: list[int],
+                 olds: list[tuple[int, ...]]) -> tuple[list[int], tuple[int, tuple[int, ...]] | None]:
+        """The row rewritten with the first of ``olds`` that fits at each token, and where its first substitution
+        starts in it and which ``old`` it replaced."""
         out: list[int] = []
         first = None
         k = 0
-        olds = sorted(self._new, key=len, reverse=True)     # the longest ``old`` that fits wins
         while k < len(row) and row[k] != SEP:
             old = next((o for o in olds if tuple(row[k:k + len(o)]) == o), None)
             if old is None:
