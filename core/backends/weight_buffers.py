@@ -18,11 +18,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gguf import GGMLQuantizationType
+
+from core.backends.gguf_tensors import read_tensor_infos
+
 log = logging.getLogger(__name__)
 
 # What ggml's x86 repack interleaves eight rows at a time (every AMX CPU has the AVX2 it needs). A tensor handed to
 # CPU_REPACK that it cannot interleave crashes the load, so the list is kept to types known to work here.
-REPACKED_TYPES = frozenset({"Q4_0", "Q4_K"})
+REPACKED_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K})
 INTERLEAVE = 8
 ROW_LOOKUP = frozenset({"token_embd.weight"})   # read by row lookup (get_rows), which repacked rows do not serve
 
@@ -40,14 +44,12 @@ def repackable_tensors(path: str | Path) -> list[str]:
     """The tensors of the GGUF at ``path`` that CPU_REPACK takes: matrices of a repacked type whose row count is a
     multiple of the interleave. A file the reader cannot parse has none: llama.cpp's own load then says what is
     wrong with it."""
-    import gguf
-
     try:
-        tensors = gguf.GGUFReader(str(path)).tensors
-    except (ValueError, OSError, IndexError, KeyError):
+        tensors = read_tensor_infos(path)
+    except (ValueError, OSError):
         return []
     return [t.name for t in tensors
-            if t.tensor_type.name in REPACKED_TYPES and len(t.shape) == 2 and int(t.shape[1]) % INTERLEAVE == 0
+            if t.type_id in REPACKED_TYPES and len(t.shape) == 2 and t.shape[1] % INTERLEAVE == 0
             and t.name not in ROW_LOOKUP]
 
 
