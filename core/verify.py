@@ -55,34 +55,47 @@ def verify_tree(
     target_dist: Callable[[int], torch.Tensor],
     rng: Rng,
     eos_ids: Collection[int] = (),
+    target_prob: Callable[[int, int], float] | None = None,
 ) -> Verdict:
     """Walk the tree from the root, accepting children by speculative sampling, and draw the extra token.
 
     ``target_dist(u)`` returns the target's processed distribution for the children of node ``u`` (-1 = root):
     one-hot at the argmax for greedy decoding. It is called only for the nodes the walk reaches.
+
+    ``target_prob(u, x)``, when given, is ``target_dist(u)[x]`` read without building the distribution. A first child
+    drafted deterministically (q one-hot) is then tested with it: rule 3 accepts it with probability min(1, P[x] / 1),
+    and ``P`` is built only when it is rejected or for the extra token. A copied draft of ten accepted tokens builds
+    one distribution instead of eleven.
     """
     u = -1
     accepted: list[int] = []
     accept_probs: dict[int, float] = {}
     target_p: dict[int, float] = {}
     while True:
-        p = target_dist(u).detach().to("cpu", torch.float64)
-        residual = p
-        next_node = None
         children = tree.children(u)
-        for child in children:
-            x = tree.tokens[child]
-            drawn_from = tree.proposals[child].distribution(x, p.shape[-1])
-            a = acceptance_probability(residual, drawn_from, x)
-            accept_probs[child] = a
-            target_p[child] = float(p[x])
+        next_node = None
+        quick = target_prob is not None and bool(children) and tree.proposals[children[0]].dist is None
+        if quick:
+            first = children[0]
+            a = accept_probs[first] = target_p[first] = min(1.0, target_prob(u, tree.tokens[first]))
             if rng.accept(a):
-                next_node = child
-                break
-            residual = residual_after_rejection(residual, drawn_from)
+                next_node = first
         if next_node is None:
-            bonus = bool(accepted) and not children
-            return Verdict(tuple(accepted), rng.sample(residual), bonus, accept_probs, target_p)
+            p = target_dist(u).detach().to("cpu", torch.float64)
+            residual = p
+            for i, child in enumerate(children):
+                x = tree.tokens[child]
+                drawn_from = tree.proposals[child].distribution(x, p.shape[-1])
+                if not (quick and i == 0):     # the quick test above has drawn its coin already
+                    a = accept_probs[child] = acceptance_probability(residual, drawn_from, x)
+                    target_p[child] = float(p[x])
+                    if rng.accept(a):
+                        next_node = child
+                        break
+                residual = residual_after_rejection(residual, drawn_from)
+            if next_node is None:
+                bonus = bool(accepted) and not children
+                return Verdict(tuple(accepted), rng.sample(residual), bonus, accept_probs, target_p)
         accepted.append(next_node)
         u = next_node
         if tree.tokens[u] in eos_ids:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from core.drafting import Chain, MultiDraft, Tree, sample_children
-from core.sampling import SamplingParams, logits_to_probs
+from core.sampling import SamplingParams, logits_to_probs, token_probability
 from core.tree import TokenTree
 from core.verify import verify_tree
 from tests.exact import enumerate_outcomes, first_two_tokens_exact
@@ -42,14 +42,15 @@ def _q_cases(p: torch.Tensor, gen: torch.Generator):
     yield "misses-mode", disjoint / disjoint.sum() if disjoint.sum() > 0 else one_hot
 
 
-def _one_level_distribution(p: torch.Tensor, q: torch.Tensor, k: int, mode: str, params: SamplingParams):
+def _one_level_distribution(p: torch.Tensor, q: torch.Tensor, k: int, mode: str, params: SamplingParams,
+                            target_prob=None):
     vocab = len(p)
 
     def run(rng):
         tree = TokenTree()
         for tok, proposal in sample_children(q, torch.log(q), k, mode, params, rng):
             tree.add(tok, -1, proposal)
-        verdict = verify_tree(tree, lambda u: p, rng)
+        verdict = verify_tree(tree, lambda u: p, rng, (), target_prob)
         first = tree.tokens[verdict.accepted[0]] if verdict.accepted else verdict.extra
         return first
 
@@ -57,9 +58,12 @@ def _one_level_distribution(p: torch.Tensor, q: torch.Tensor, k: int, mode: str,
     return torch.tensor([dist.get(t, 0.0) for t in range(vocab)], dtype=torch.float64)
 
 
+@pytest.mark.parametrize("quick", [False, True], ids=["built", "read"])
 @pytest.mark.parametrize("vocab", [3, 4, 5, 6])
 @pytest.mark.parametrize("mode", ["iid", "without_replacement", "top_k"])
-def test_one_level_exact(vocab: int, mode: str) -> None:
+def test_one_level_exact(vocab: int, mode: str, quick: bool) -> None:
+    """Also with ``target_prob`` (``read``): a deterministic first child (the top-k children) is then tested without
+    the whole distribution, and the rest of the walk goes on from the residual after it."""
     gen = torch.Generator().manual_seed(vocab * 31 + len(mode))
     params = SamplingParams(temperature=1.0)
     worst = 0.0
@@ -70,7 +74,8 @@ def test_one_level_exact(vocab: int, mode: str) -> None:
             # i.i.d. children multiply paths by V^k: cap k where enumeration would take minutes
             top_k_children = vocab if mode != "iid" else min(vocab, 4)
             for k in range(1, top_k_children + 1):
-                out = _one_level_distribution(p, q, k, mode, params)
+                out = _one_level_distribution(p, q, k, mode, params,
+                                              (lambda u, x, p=p: float(p[x])) if quick else None)
                 err = float((out - p).abs().max())
                 assert err < TOL, f"{mode} V={vocab} k={k} q={name} p_holes={p_holes}: error {err}"
                 worst = max(worst, err)
@@ -117,6 +122,15 @@ def test_engine_two_token_joint_exact(name: str, strategy, params: SamplingParam
     assert err < TOL, f"{name}: joint of the first two tokens off by {err}"
 
 
+def test_a_wrong_read_probability_is_caught() -> None:
+    """The quick test of a deterministic first child has teeth: reading P[x] wrong (its square root) is detected."""
+    gen = torch.Generator().manual_seed(5)
+    p = _dist(4, gen, holes=False)
+    out = _one_level_distribution(p, p.clone(), 2, "top_k", SamplingParams(temperature=1.0),
+                                  lambda u, x: float(p[x]) ** 0.5)
+    assert float((out - p).abs().max()) > 1e-3
+
+
 def test_broken_verifier_is_caught(monkeypatch) -> None:
     """The enumeration has teeth: sampling the correction from P instead of the residual is detected."""
     import core.verify as verify
@@ -127,3 +141,17 @@ def test_broken_verifier_is_caught(monkeypatch) -> None:
     q = _dist(4, gen, holes=False)
     out = _one_level_distribution(p, q, 1, "iid", SamplingParams(temperature=1.0))
     assert float((out - p).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7),
+                                    SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3, top_k=3),
+                                    SamplingParams(temperature=0.0)], ids=["t1", "t0.7", "t0.7-p0.9", "t1.3-k3", "greedy"])
+def test_a_read_probability_is_the_distribution_entry(params: SamplingParams) -> None:
+    """``token_probability`` (what the engine gives the verifier as ``target_prob``) is the entry of the processed
+    distribution, with or without filters, in float64 and in float32."""
+    gen = torch.Generator().manual_seed(3)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
+        logits = (torch.randn(50, generator=gen, dtype=torch.float64) * 3).to(dtype)
+        probs = logits_to_probs(logits, params)
+        for token in range(50):
+            assert abs(token_probability(logits, token, params) - float(probs[token])) < tol

@@ -33,12 +33,12 @@ class SameDrafts(MultiDraft):
         drafter = super().make_drafter(draft, params, rng)
         rule = drafter.verify
 
-        def verify(tree, target_dist, rng, eos_ids=()):
+        def verify(tree, target_dist, rng, eos_ids=(), target_prob=None):
             if len(tree):
                 t0 = time.perf_counter()
                 score = {v: expected_accepted(tree, target_dist, v, eos_ids) for v in VERIFIERS}
                 self.scores.append({**score, "seconds": time.perf_counter() - t0})
-            return rule(tree, target_dist, rng, eos_ids)
+            return rule(tree, target_dist, rng, eos_ids, target_prob)
 
         drafter.verify = verify
         return drafter
