@@ -83,12 +83,8 @@ class PromptRates:
 
     def pessimistic(self, match: int, p: float) -> float:
         """``p``, a node's corrected estimate, one standard deviation lower: the deviation of a rate known from
-        ``PRIOR_WEIGHT`` observations plus this prompt's own at that match length and, as for the floor, at the
-        shorter ones from two tokens up (a Beta's). Counting only that length put a copy in doubt again each time its
-        match grew into a longer bucket: replaying the recorded answers, code editing 1.42x of plain steps at 96
-        tokens against 1.49x with the shorter lengths counted (1.47x without the doubt at all)."""
-        b = bucket(match)
-        n = self.tested[b] + (sum(self.tested[1:b]) if b >= 1 else 0.0) + self.PRIOR_WEIGHT
+        ``PRIOR_WEIGHT`` observations plus this prompt's own at that match length (a Beta's)."""
+        n = self.tested[bucket(match)] + self.PRIOR_WEIGHT
         return max(0.0, p - math.sqrt(p * (1.0 - p) / (n + 1.0)))
 
     def _observed(self, b: int, prior: float) -> float:
