@@ -1,8 +1,6 @@
 """What Auto learns while decoding: the draft model's acceptance vector, and this prompt's record of memory drafts."""
 from __future__ import annotations
 
-import math
-
 from typing import Sequence
 
 from core.memory.stats import RESUMED, MemoryStats, bucket, per_bucket
@@ -80,12 +78,6 @@ class PromptRates:
         if match == RESUMED:
             return self._observed(b, max(prior, floor)) / prior
         return max(self._observed(b, prior), floor) / prior
-
-    def pessimistic(self, match: int, p: float) -> float:
-        """``p``, a node's corrected estimate, one standard deviation lower: the deviation of a rate known from
-        ``PRIOR_WEIGHT`` observations plus this prompt's own at that match length (a Beta's)."""
-        n = self.tested[bucket(match)] + self.PRIOR_WEIGHT
-        return max(0.0, p - math.sqrt(p * (1.0 - p) / (n + 1.0)))
 
     def _observed(self, b: int, prior: float) -> float:
         """Bucket ``b``'s acceptance on this prompt, from ``prior`` counted as ``PRIOR_WEIGHT`` observations."""

@@ -106,9 +106,9 @@ class AutoDrafter(DrafterBase):
         proposal = self._lookup(tokens, max_nodes, max_depth)
         lookup = self._lookup_cost()
         options: dict[str, tuple[float, float]] = {"plain": (1.0, lat.plain + lookup)}
-        size, pessimistic = 0, 0.0
+        size = 0
         if len(proposal.tree):
-            size, expected, pessimistic = self._memory_size(proposal)
+            size, expected = self._memory_size(proposal)
             options["memory"] = (expected, lat.verify_cost(size + 1) + lookup)
         if self.model is not None:
             shape = self.tree_plan.parents
@@ -118,9 +118,7 @@ class AutoDrafter(DrafterBase):
         choice = max(rate, key=rate.get)
         plain = rate["plain"]
         retime = choice != "plain" and self.costs.stale("plain")
-        low = pessimistic / (options["memory"][1] * factor["memory"]) / plain if "memory" in options else 0.0
-        doubtful = choice == "memory" and low < 1.0
-        if retime or doubtful or rate[choice] < plain * (1.0 + self.plan.gate):
+        if retime or rate[choice] < plain * (1.0 + self.plan.gate):
             choice = "plain"
         self.choice = choice
         self.width = {"plain": 1, "memory": size + 1}.get(choice) or len(self.tree_plan.parents) + 1
@@ -148,7 +146,7 @@ class AutoDrafter(DrafterBase):
             self.note = (f"plain decoding: re-timing a plain step, the yardstick of the others (the last was "
                          f"{self.costs.steps_since('plain')} steps ago)")
         else:
-            self.note = "plain decoding: " + self._why_plain(proposal, rate, plain, factor, low if doubtful else None)
+            self.note = "plain decoding: " + self._why_plain(proposal, rate, plain, factor)
         return TokenTree()
 
     def _time_last_step(self) -> float | None:
@@ -195,44 +193,29 @@ class AutoDrafter(DrafterBase):
             self._skip = self._backoff
             self._backoff = min(MAX_SKIP, max(1, 2 * self._backoff))
 
-    def _memory_size(self, proposal: MemoryProposal) -> tuple[int, float, float]:
+    def _memory_size(self, proposal: MemoryProposal) -> tuple[int, float]:
         """How many of the proposal's nodes (best first) to draft, and the tokens they are expected to give, with
         the probabilities corrected by this prompt's own record, and each width's cost by what its steps have
-        really cost (a wide verification runs further from its plan than a narrow one).
-
-        Also the tokens expected at that width with every node's probability one standard deviation lower
-        (:meth:`PromptRates.pessimistic`): a draft is taken only if even that pays for its call. Until the prompt
-        has shown whether it copies, its estimates are the long-run rates and nothing more, and a draft on them is
-        a bet that new text loses (measured: the three or four 3-node drafts of a 5-token match in an answer that
-        copies nothing cost 2-3 % of it). Replaying the recorded answers of the four sets and held_out through the
-        policy at the plan's costs: explanations 0.985x -> 1.000x of plain steps, their worst answer and code generation's
-        0.955x -> 1.000x (held_out's new code 1.005x -> 0.992x), code editing 1.474x -> 1.421x at 96 tokens (the first drafts of a copy wait for its evidence) and
-        1.394x -> 1.390x at 256; sampled at T 0.7, the copying sets 1.509x -> 1.517x."""
+        really cost (a wide verification runs further from its plan than a narrow one)."""
         lat = self.latencies
         tree = proposal.tree
         path: list[float] = []
-        low: list[float] = []
         best_n, best_expected, best_rate = 1, 0.0, 0.0
         expected = 1.0
         for j in range(len(tree)):
-            match = proposal.node_matches[j]
-            node = min(MAX_PROB, proposal.node_probs[j] * self.rates.factor(match))
+            node = min(MAX_PROB, proposal.node_probs[j] * self.rates.factor(proposal.node_matches[j]))
             parent = tree.parents[j]
             path.append(node * (path[parent] if parent >= 0 else 1.0))
-            low.append(self.rates.pessimistic(match, node) * (low[parent] if parent >= 0 else 1.0))
             expected += path[-1]
             rate = expected / (lat.verify_cost(j + 2) * self.costs.factor("memory", j + 2))
             if rate > best_rate:
                 best_n, best_expected, best_rate = j + 1, expected, rate
-        return best_n, best_expected, 1.0 + sum(low[:best_n])
+        return best_n, best_expected
 
     def _why_plain(self, proposal: MemoryProposal, rate: dict[str, float], plain: float,
-                   factor: dict[str, float], doubtful: float | None) -> str:
+                   factor: dict[str, float]) -> str:
         reasons = []
-        if doubtful is not None:
-            reasons.append(f"memory ({_what_matched(proposal)}) is predicted at {rate['memory'] / plain:.2f}x, but "
-                           f"at {doubtful:.2f}x one standard deviation lower, which this prompt has not ruled out yet")
-        elif "memory" in rate:
+        if "memory" in rate:
             reasons.append(f"memory ({_what_matched(proposal)}) is predicted at {rate['memory'] / plain:.2f}x")
         elif proposal.match:
             reasons.append(f"memory's match of {proposal.match} tokens is too short")
