@@ -85,14 +85,19 @@ def top2_margin(logits: torch.Tensor) -> float:
     return float(x[best]) - float(second)
 
 
+def _working(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in the dtype the transform computes in: float32, or float64 when they are float64 (so that exact tests
+    stay exact)."""
+    return logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+
+
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Turn logits (..., V) into the sampling distribution after temperature, top-k and top-p.
 
     Computed in float32 (float64 when the logits are float64, so that exact tests stay exact). For greedy params
     the result is one-hot at the argmax of each row.
     """
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    x = logits.to(dtype)
+    x = _working(logits)
     if params.greedy:
         out = torch.zeros_like(x)
         out.scatter_(-1, torch.argmax(x, dim=-1, keepdim=True), 1.0)
@@ -118,7 +123,7 @@ def token_probability(logits: torch.Tensor, token: int, params: SamplingParams) 
     against 0.6-0.9 ms with the verifier's float64 copy)."""
     if params.greedy or 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0:
         return float(logits_to_probs(logits, params)[token])
-    x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32) / params.temperature
+    x = _working(logits) / params.temperature
     return math.exp(float(x[token]) - float(torch.logsumexp(x, -1)))
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 MAGIC = b"GGUF"
 STRING, ARRAY = 8, 9
+MAX_DIMS = 4            # GGML_MAX_DIMS
 # byte size of each fixed-size metadata value type: uint8, int8, uint16, int16, uint32, int32, float32, bool,
 # (string), (array), uint64, int64, float64
-MAX_DIMS = 4            # GGML_MAX_DIMS
 FIXED_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
