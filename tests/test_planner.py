@@ -19,7 +19,7 @@ from core.auto.step_costs import MIN_SAMPLES, StepCosts
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
 from core.memory import MemoryStats, open_memory
-from core.memory.stats import RESUMED
+from core.memory.stats import MAX_PROB, RESUMED
 from core.sampling import SamplingParams
 from core.sequoia import solve
 from core.tree import Proposal, TokenTree
@@ -216,6 +216,36 @@ def test_memory_drafts_are_as_wide_as_the_plan_measured_and_no_wider(tmp_path, w
     assert result.tokens == baseline(target, prompt, 200).tokens
     widths = [len(e.nodes) + 1 for e in events if e.nodes]
     assert max(widths) == widest
+
+
+def test_a_copy_that_keeps_holding_is_drafted_in_wider_calls(tmp_path) -> None:
+    # a machine where a call on 16 tokens costs 8.9 plain steps and one on 64 costs 25.5 (a 2-core Zen 4): at the
+    # cap of MAX_PROB a node, 16 pays best; once this text has shown its copies holding for some 70 nodes in a row,
+    # its record lifts the cap, and the calls grow to 64
+    target = TableBackend(cycle_table(vocab=24, period=7), 24)
+    plan = make_plan(target, None, {1: 1.0, 2: 1.9, 16: 8.9, 32: 20.0, 64: 25.5})
+    auto = Auto(plan, memory=open_memory("t", tmp_path), clock=None)
+    prompt = [1, 2, 3, 4, 5, 6, 0] * 12
+    result, events = run(target, None, auto, prompt=prompt, tokens=300)
+    assert result.tokens == baseline(target, prompt, 300).tokens
+    widths = [len(e.nodes) + 1 for e in events if e.nodes]
+    assert max(widths[:3]) <= 16 and max(widths) == 64
+
+
+def test_only_a_long_clean_record_lifts_the_cap() -> None:
+    rates = PromptRates(MemoryStats())
+    assert rates.cap(20) == MAX_PROB
+    for _ in range(30):
+        rates.observe(20, True)
+    assert rates.cap(20) == MAX_PROB        # thirty in a row from a long match's prior: not yet surer than the cap
+    for _ in range(30):
+        rates.observe(20, True)
+    assert MAX_PROB < rates.cap(20) < 1.0 and rates.cap(5) == MAX_PROB   # ... sixty are, at that length only
+    missed = PromptRates(MemoryStats())
+    missed.observe(20, False)
+    for _ in range(60):
+        missed.observe(20, True)
+    assert missed.cap(20) == MAX_PROB       # one miss among them keeps it
 
 
 class BusyThenIdleClock(StepClock):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from core.memory.stats import RESUMED, MemoryStats, bucket, per_bucket
+from core.memory.stats import MAX_PROB, RESUMED, MemoryStats, bucket, per_bucket
 from core.tree import TokenTree
 from core.verify import Verdict
 
@@ -54,7 +54,8 @@ class PromptRates:
     match breaks once per edit, and starts again after it. A guess of where a copy resumes is no match: what the
     copies show only raises its prior, and its own misses stop it (a bug-fix prompt whose short copies held drafted
     six failing guesses in a row, each a lost verification of two tokens).
-    ``factor`` is what memory's estimates are multiplied by.
+    ``factor`` is what memory's estimates are multiplied by, and ``cap`` the most certain a node of that match length
+    may be judged.
     """
 
     PRIOR_WEIGHT = 3.0
@@ -78,6 +79,20 @@ class PromptRates:
         if match == RESUMED:
             return self._observed(b, max(prior, floor)) / prior
         return max(self._observed(b, prior), floor) / prior
+
+    def cap(self, match: int) -> float:
+        """The most a node's estimate may reach at this match length: ``MAX_PROB``, or this prompt's own record there
+        where that is higher (from a long match's prior, some 35 accepted nodes in a row; one miss among them keeps
+        the cap for 80 more).
+
+        The fixed cap kept a regenerated answer, copied whole from the earlier one, in 16-token calls on a machine where
+        a call of 64 costs 25 plain steps: at 0.98 a node, 64 are predicted to give 36 tokens. Replaying the bench's
+        recorded greedy answers at that machine's costs (tools/replay.py), regenerations went 1.64x -> 1.99x of plain
+        decoding, and a rename whose record passed the cap lost one 42-node bet (1.13x -> 0.99x).
+        """
+        b = bucket(match)
+        prior = self.long_run.rate(match)
+        return max(MAX_PROB, self._observed(b, prior)) if prior > 0 else MAX_PROB
 
     def _observed(self, b: int, prior: float) -> float:
         """Bucket ``b``'s acceptance on this prompt, from ``prior`` counted as ``PRIOR_WEIGHT`` observations."""

@@ -32,7 +32,6 @@ from core.auto.step_costs import MIN_SAMPLES, StepCosts
 from core.drafting import DrafterBase, ModelDrafter
 from core.events import PlanEvent
 from core.memory import MemoryDrafter, MemoryProposal
-from core.memory.stats import MAX_PROB
 from core.sequoia import solve, tree_value
 from core.tree import TokenTree, depths_of
 from core.verify import Verdict
@@ -203,7 +202,8 @@ class AutoDrafter(DrafterBase):
         best_n, best_expected, best_rate = 1, 0.0, 0.0
         expected = 1.0
         for j in range(len(tree)):
-            node = min(MAX_PROB, proposal.node_probs[j] * self.rates.factor(proposal.node_matches[j]))
+            match = proposal.node_matches[j]
+            node = min(self.rates.cap(match), proposal.node_probs[j] * self.rates.factor(match))
             parent = tree.parents[j]
             path.append(node * (path[parent] if parent >= 0 else 1.0))
             expected += path[-1]

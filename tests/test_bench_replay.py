@@ -1,0 +1,63 @@
+"""The replay of Auto on recorded greedy answers (core/bench/replay.py): it decodes exactly the recorded answer, its
+speed is its calls' cost on the table given, and it reads the cost tables other machines left behind."""
+from __future__ import annotations
+
+import pytest
+
+from core.auto.costs import Latencies
+from core.auto.plan import Plan
+from core.bench.replay import ScriptedTarget, SimulatedClock, latencies_from_plan_text, replay
+from core.drafting import Baseline
+from core.engine import SpeculativeEngine
+
+VOCAB = 64
+PROMPT = [5, 9, 2, 7] + list(range(10, 50)) + [3, 8]
+COPYING = list(range(12, 44)) + [51, 52, 53]        # an answer that copies 32 tokens of its prompt, then goes on
+SECONDS = 1.0       # a plain step: long against the real lookups, whose time the replay adds to the clock's
+
+
+def plan(verify: dict[int, float]) -> Plan:
+    return Plan({}, Latencies({n: SECONDS * t for n, t in verify.items()}))
+
+
+def test_the_scripted_target_says_the_answer_and_charges_each_call() -> None:
+    clock = SimulatedClock()
+    costs = Latencies({1: 0.5, 8: 2.0})
+    target = ScriptedTarget(PROMPT, COPYING, costs, clock, VOCAB)
+    out = SpeculativeEngine(target, None, Baseline()).generate(PROMPT, len(COPYING))
+    assert list(out.tokens) == COPYING
+    assert target.calls == len(COPYING) and clock.seconds == pytest.approx(0.5 * len(COPYING))
+
+
+def test_auto_copies_where_calls_are_cheap_and_its_speed_is_their_cost() -> None:
+    result = replay(plan({1: 1.0, 2: 1.05, 64: 1.3}), PROMPT, COPYING, VOCAB)
+    assert result.drafted_steps > 0 and result.calls < len(COPYING) / 3
+    assert result.tokens == len(COPYING)
+    # every call cost at least one plain step and at most 1.3 of them, plus the lookups' real seconds
+    assert len(COPYING) / (1.3 * result.calls + 1.0) < result.speedup <= len(COPYING) / result.calls
+
+
+def test_where_a_call_costs_as_many_steps_as_tokens_auto_decodes_plainly() -> None:
+    result = replay(plan({1: 1.0, 64: 64.0}), PROMPT, COPYING, VOCAB)
+    assert result.drafted_steps == 0 and result.calls == len(COPYING)
+    assert 0.95 < result.speedup <= 1.0
+
+
+def test_a_regenerated_prompt_copies_its_earlier_answer_and_actual_costs_are_charged() -> None:
+    answer = [60, 61, 62, 63] * 6
+    cheap = plan({1: 1.0, 2: 1.05, 64: 1.3})
+    again = replay(cheap, PROMPT, answer, VOCAB, earlier=answer)
+    assert again.calls < replay(cheap, PROMPT, answer, VOCAB).calls
+    dear = Latencies({1: SECONDS, 64: 64.0 * SECONDS})    # what the same calls cost on a machine unlike the plan's
+    charged = replay(cheap, PROMPT, answer, VOCAB, earlier=answer, actual=dear)
+    assert charged.calls == again.calls and charged.speedup < 1.0 < again.speedup
+
+
+def test_costs_are_read_back_from_what_speclens_plan_printed() -> None:
+    costs = Latencies({1: 0.0307, 2: 0.0507, 16: 0.2543, 64: 0.7581})
+    text = "Pair: ...\n" + Plan({}, costs).describe()
+    read = latencies_from_plan_text(text)
+    assert set(read.verify) == set(costs.verify)
+    assert all(read.verify[n] == pytest.approx(t, abs=1e-4) for n, t in costs.verify.items())
+    with pytest.raises(ValueError, match="speclens plan"):
+        latencies_from_plan_text("no plan here")

@@ -1,0 +1,130 @@
+"""Auto replayed on the benchmark's recorded greedy answers at one or more machines' costs (core/bench/replay.py):
+what a change to Auto's choices does, in seconds, on every kind of machine whose cost table is at hand, beside the
+oracle's ceiling on the same table. Record the answers once (the default pair on llama.cpp, about 4 minutes):
+
+    python tools/replay.py --record answers.json
+    python tools/replay.py --answers answers.json --costs plan docs/bench/ceiling-zen4.json docs/bench/plan-xeon-amx.txt
+
+A cost table is ``plan`` (this machine's cached plan), a plan or ceiling JSON (its ``latencies``) or the text
+``speclens plan`` prints. Auto decides from the table and its calls cost the same table; ``--actual`` gives a table
+the calls really cost instead (one measured deeper into a decode, as tools/ceiling.py does). Replays rank policies;
+the bench measures them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+NEW_TOKENS = 96
+SETS = ("code_generation", "code_editing", "explanations", "follow_ups", "held_out_2", "held_out", "held_out_3")
+FOUR = SETS[:4]
+
+
+def record(path: Path, sets: list[str]) -> None:
+    from core.backends.llamacpp import LlamaCppBackend
+    from core.bench.prompts import PROMPT_DIR, read_prompts
+    from core.bench.runners import earlier_sampling
+    from core.drafting import Baseline
+    from core.engine import SpeculativeEngine
+    from core.sampling import SamplingParams
+    from tools.weight_placement import model_file
+
+    target = LlamaCppBackend(model_file("target"), n_ctx=4096)
+    engine = SpeculativeEngine(target, None, Baseline())
+    earlier = SpeculativeEngine(target, None, Baseline(), earlier_sampling(SamplingParams()))
+    rows = []
+    for name in sets:
+        for p in read_prompts(PROMPT_DIR / f"{name}.jsonl"):
+            ids = target.apply_chat_template(p["messages"])
+            before = list(earlier.generate(ids, NEW_TOKENS).tokens) if p["regenerate"] else None
+            answer = list(engine.generate(ids, NEW_TOKENS).tokens)
+            rows.append({"set": name, "id": p["id"], "prompt": ids, "answer": answer, "earlier": before})
+            print(f"{name}/{p['id']}: {len(answer)} tokens", flush=True)
+    path.write_text(json.dumps({"vocab_size": target.vocab_size, "prompts": rows}))
+
+
+def cost_table(spec: str):
+    """(name, Plan) for a cost table given on the command line (see the module docstring)."""
+    from core.auto.cache import load_plan
+    from core.auto.costs import Latencies
+    from core.auto.plan import Plan, plan_key
+    from core.bench.replay import latencies_from_plan_text
+    from core.sampling import SamplingParams
+
+    if spec == "plan":
+        from core import models
+        from core.assembly import assemble
+        from core.backends.llamacpp import LlamaCppBackend
+
+        pair = models.PAIRS["default"]
+        target, draft = (LlamaCppBackend(assemble(m), n_ctx=512) for m in (pair.target, pair.draft))
+        plan = load_plan(plan_key(target, draft, SamplingParams()))
+        if plan is None:
+            raise SystemExit("no cached plan for the default pair here: run `speclens plan --backend llama.cpp` first")
+        return "this machine's plan", Plan({}, plan.latencies)
+    text = Path(spec).read_text()
+    if spec.endswith(".json"):
+        return Path(spec).stem, Plan({}, Latencies.from_json(json.loads(text)["latencies"]))
+    try:
+        return Path(spec).stem, Plan({}, latencies_from_plan_text(text))
+    except ValueError as exc:
+        raise SystemExit(f"{spec}: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", type=Path, help="decode the answers and write them here")
+    parser.add_argument("--sets", nargs="+", default=list(SETS), help="the prompt sets to record")
+    parser.add_argument("--answers", type=Path, help="the recorded answers to replay")
+    parser.add_argument("--costs", nargs="+", default=["plan"])
+    parser.add_argument("--actual", help="the cost table calls really cost (default: each --costs table)")
+    parser.add_argument("--prompts", action="store_true", help="a line per prompt")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.record:
+        record(args.record, args.sets)
+        return
+    if not args.answers:
+        parser.error("give --answers (or --record)")
+
+    from core.bench.ceiling import ceiling, copy_lengths
+    from core.bench.replay import replay
+    from core.bench.report import geomean
+
+    data = json.loads(args.answers.read_text())
+    actual = cost_table(args.actual)[1].latencies if args.actual else None
+    out = {}
+    for spec in args.costs:
+        name, plan = cost_table(spec)
+        truth = actual or plan.latencies
+        rows = []
+        for p in data["prompts"]:
+            r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p["earlier"], actual)
+            known = p["prompt"] + (p["earlier"] or [])
+            top, _ = ceiling(copy_lengths(known, p["answer"]), truth.verify_cost, truth.widest)
+            rows.append({"set": p["set"], "id": p["id"], "auto": r.speedup, "predicted": r.predicted,
+                         "ceiling": top, "memory_steps": r.drafted_steps, "calls": r.calls})
+            if args.prompts:
+                print(f"  {p['set']:16s} {p['id']:20s} Auto {r.speedup:.2f}x (predicted {r.predicted:.2f}x, "
+                      f"{r.drafted_steps} memory steps of {r.calls}), ceiling {top:.2f}x")
+        groups = {s: [r for r in rows if r["set"] == s] for s in dict.fromkeys(r["set"] for r in rows)}
+        groups["four sets"] = [r for r in rows if r["set"] in FOUR]
+        sets = {s: {"auto": geomean([r["auto"] for r in g]), "ceiling": geomean([r["ceiling"] for r in g])}
+                for s, g in groups.items() if g}
+        ratios = " ".join(f"{n}:{t:.2f}" for n, t in truth.ratios().items())
+        print(f"{name} (t(n)/t(1) {ratios}):")
+        for s, v in sets.items():
+            print(f"  {s:16s} Auto {v['auto']:.3f}x   ceiling {v['ceiling']:.3f}x")
+        out[name] = {"sets": sets, "prompts": rows}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
