@@ -1,6 +1,6 @@
 """Auto replayed on the benchmark's recorded greedy answers at one or more machines' costs (core/bench/replay.py):
 what a change to Auto's choices does, in seconds, on every kind of machine whose cost table is at hand, beside the
-oracle's ceiling on the same table. Record the answers once (the default pair on llama.cpp, about 4 minutes):
+oracle's ceiling on the same table. Record the answers once (the default pair on llama.cpp, about 3 minutes):
 
     python tools/replay.py --record answers.json
     python tools/replay.py --answers answers.json --costs plan docs/bench/ceiling-zen4.json docs/bench/plan-xeon-amx.txt
@@ -68,13 +68,25 @@ def cost_table(spec: str):
         if plan is None:
             raise SystemExit("no cached plan for the default pair here: run `speclens plan --backend llama.cpp` first")
         return "this machine's plan", Plan({}, plan.latencies)
-    text = Path(spec).read_text()
-    if spec.endswith(".json"):
-        return Path(spec).stem, Plan({}, Latencies.from_json(json.loads(text)["latencies"]))
     try:
+        text = Path(spec).read_text()
+        if spec.endswith(".json"):
+            return Path(spec).stem, Plan({}, Latencies.from_json(json.loads(text)["latencies"]))
         return Path(spec).stem, Plan({}, latencies_from_plan_text(text))
-    except ValueError as exc:
-        raise SystemExit(f"{spec}: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SystemExit(f"{spec}: not a cost table ({exc!r}): give `plan`, a plan or ceiling JSON, or the text "
+                         "`speclens plan` printed") from None
+
+
+def read_answers(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data["vocab_size"], int) or not all(
+                isinstance(p[k], list) for p in data["prompts"] for k in ("prompt", "answer")):
+            raise ValueError("a prompt or an answer is not a list of token ids")
+        return data
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"{path}: not answers written by `tools/replay.py --record` ({exc!r})") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     from core.bench.replay import replay
     from core.bench.report import geomean
 
-    data = json.loads(args.answers.read_text())
+    data = read_answers(args.answers)
     actual = cost_table(args.actual)[1].latencies if args.actual else None
     out = {}
     for spec in args.costs:
@@ -105,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         truth = actual or plan.latencies
         rows = []
         for p in data["prompts"]:
-            r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p["earlier"], actual)
-            known = p["prompt"] + (p["earlier"] or [])
+            r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual)
+            known = p["prompt"] + (p.get("earlier") or [])
             top, _ = ceiling(copy_lengths(known, p["answer"]), truth.verify_cost, truth.widest)
             rows.append({"set": p["set"], "id": p["id"], "auto": r.speedup, "predicted": r.predicted,
                          "ceiling": top, "memory_steps": r.drafted_steps, "calls": r.calls})

@@ -8,6 +8,7 @@ smaller than it cannot be told from the machine's own jitter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 from core.tree import depths_of
@@ -40,7 +41,14 @@ class Latencies:
         return self.verify_cost(1)
 
     def verify_cost(self, n: int) -> float:
-        return _interpolate(self.verify, n)
+        table = self._verify_table
+        return table[n] if 0 < n < len(table) else _interpolate(self.verify, n)
+
+    @cached_property
+    def _verify_table(self) -> tuple[float, ...]:
+        """``verify_cost`` of every size up to the widest measured, index = size: Auto prices every width of a
+        memory draft each step, and interpolating afresh each time was a noticeable share of a step's own Python."""
+        return (0.0,) + tuple(_interpolate(self.verify, n) for n in range(1, self.widest + 1))
 
     def draft_cost(self, width: int) -> float:
         if not self.draft:

@@ -32,6 +32,7 @@ from core.auto.step_costs import MIN_SAMPLES, StepCosts
 from core.drafting import DrafterBase, ModelDrafter
 from core.events import PlanEvent
 from core.memory import MemoryDrafter, MemoryProposal
+from core.memory.stats import bucket
 from core.sequoia import solve, tree_value
 from core.tree import TokenTree, depths_of
 from core.verify import Verdict
@@ -201,9 +202,14 @@ class AutoDrafter(DrafterBase):
         path: list[float] = []
         best_n, best_expected, best_rate = 1, 0.0, 0.0
         expected = 1.0
+        limits: dict[int, tuple[float, float]] = {}     # per stats bucket: this prompt's factor and cap
         for j in range(len(tree)):
             match = proposal.node_matches[j]
-            node = min(self.rates.cap(match), proposal.node_probs[j] * self.rates.factor(match))
+            b = bucket(match)
+            if b not in limits:
+                limits[b] = (self.rates.factor(match), self.rates.cap(match))
+            factor, cap = limits[b]
+            node = min(cap, proposal.node_probs[j] * factor)
             parent = tree.parents[j]
             path.append(node * (path[parent] if parent >= 0 else 1.0))
             expected += path[-1]

@@ -50,6 +50,7 @@ class StepCosts:
     def __init__(self, window: int = WINDOW) -> None:
         self.window = window
         self._ratios: dict[tuple[str, int | None], deque[float]] = {}
+        self._medians: dict[tuple[str, int | None], float] = {}   # of _ratios, until the next observation
         self._steps = 0
         self._last: dict[str, int] = {}     # option -> the step it was last measured at
 
@@ -65,6 +66,7 @@ class StepCosts:
         keys = [(option, None)] if width is None else [(option, None), (option, _width_class(width))]
         for key in keys:
             self._ratios.setdefault(key, deque(maxlen=self.window)).append(seconds / predicted)
+        self._medians.clear()
 
     def factor(self, option: str, width: int | None = None) -> float:
         """What to multiply the plan's cost of ``option`` (verifying ``width`` tokens, if given) by."""
@@ -72,7 +74,9 @@ class StepCosts:
         for key in keys:
             own = self._ratios.get(key, ())
             if len(own) >= MIN_SAMPLES:
-                return median(own)
+                if key not in self._medians:
+                    self._medians[key] = median(own)
+                return self._medians[key]
         return self.factor(REFERENCE) if option != REFERENCE else 1.0
 
     def samples(self, option: str) -> int:

@@ -121,7 +121,7 @@ def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size:
     answer to the same prompt, remembered first, as the bench does for a regenerated prompt); calls cost ``actual``
     (default: the plan's own table). ``memory``: the memory of earlier texts to start from (default: an empty one).
 
-    Raises AssertionError if Auto's output differs from the answer: the replay is then no replay."""
+    Raises RuntimeError if Auto's output differs from the answer: the replay would then be of another answer."""
     costs = actual or plan.latencies
     clock = SimulatedClock()
     target = ScriptedTarget(prompt, answer, costs, clock, vocab_size)
@@ -130,7 +130,8 @@ def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size:
         memory.add_answer(prompt, earlier)
     auto = Auto(plan=plan, memory=memory, clock=clock)
     out = SpeculativeEngine(target, None, auto).generate(prompt, len(answer))
-    assert list(out.tokens) == list(answer), "the replayed decode left the recorded answer"
+    if list(out.tokens) != list(answer):
+        raise RuntimeError("the replayed decode left the recorded answer")
     drafter = auto.last_drafter
     seconds = clock.seconds + drafter.lookup_seconds
     return Replay(len(answer) * costs.plain / seconds, drafter.predicted_speedup, target.calls,
