@@ -21,9 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-NEW_TOKENS = 96
-SETS = ("code_generation", "code_editing", "explanations", "follow_ups", "held_out_2", "held_out", "held_out_3")
-FOUR = SETS[:4]
+from core.bench.prompts import DEFAULT_PROMPTS  # noqa: E402  (after the path above)
+from tools.ceiling import NEW_TOKENS  # noqa: E402  (the bench's answer length, as the ceiling decodes it)
+
+FOUR = tuple(name.removesuffix(".jsonl") for name in DEFAULT_PROMPTS)
+SETS = FOUR + ("held_out_2", "held_out", "held_out_3")
 
 
 def record(path: Path, sets: list[str]) -> None:
