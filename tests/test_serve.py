@@ -188,6 +188,7 @@ def test_an_api_key_is_required_when_set(models):
 
 def test_a_disconnected_client_cancels_its_generation(server):
     url, _, recorder = server
+    recorder.settled()
     before = len(recorder.records)
     body = {"model": "tiny", "messages": ASK, "max_tokens": 3000, "min_tokens": 3000, "temperature": 0,
             "stream": True}
@@ -196,11 +197,7 @@ def test_a_disconnected_client_cancels_its_generation(server):
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
     # the server notices, cancels, and finishes the request well short of its 3000 tokens
-    deadline = threading.Event()
-    for _ in range(600):
-        if len(recorder.records) > before:
-            break
-        deadline.wait(0.1)
+    recorder.wait_until(lambda: len(recorder.records) > before)
     record = recorder.records[before]
     assert record.finished.finish_reason == "cancelled" and record.finished.usage["completion_tokens"] < 3000
     assert chat(url, max_tokens=3).usage.completion_tokens == 3
@@ -208,14 +205,12 @@ def test_a_disconnected_client_cancels_its_generation(server):
 
 def test_concurrent_clients_are_served_one_after_another_in_order(server):
     url, _, recorder = server
+    recorder.settled()      # the test before may still be hearing of its last end
     start = len(recorder.log)
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda i: chat(url, max_tokens=10 + i), range(4)))
     assert [o.usage.completion_tokens for o in outs] == [10, 11, 12, 13]
-    for _ in range(600):   # the observer hears of the last end just after its client got the answer
-        if len(recorder.log) >= start + 8:
-            break
-        threading.Event().wait(0.05)
+    recorder.wait_until(lambda: len(recorder.log) >= start + 8)   # each end is heard just after its client got it
     kinds = [kind for kind, _ in recorder.log[start:]]
     assert kinds == ["started", "finished"] * 4          # never two decoding at once
 
