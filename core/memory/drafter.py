@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -91,9 +91,12 @@ class MemoryDrafter(DrafterBase):
         self._last = None
         self.note = ""
 
-    def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1) -> MemoryProposal:
+    def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1,
+                least_first: Callable[[int], float] | None = None) -> MemoryProposal:
         """The memory tree after ``context`` (nodes best first) with its estimates; an empty tree when the longest
-        match is shorter than ``min_match``. The next :meth:`feedback` refers to this proposal."""
+        match is shorter than ``min_match``, the best first node alone when its estimate is below ``least_first``
+        of its match length (:func:`core.memory.proposal.best_first`). The next :meth:`feedback` refers to this
+        proposal."""
         self.live.sync(context)
         live_match, live_ends = self.live.longest()
         self._learn_edits(live_match, live_ends)
@@ -106,7 +109,7 @@ class MemoryDrafter(DrafterBase):
             if len(ends):
                 rows, substituted = self._live_rows(ends, depth)
                 found = best_first(rows, weights, np.full(len(ends), -1, np.int64),
-                                   ANCHOR_MATCH, self.stats, max_nodes, max_depth, first_match=RESUMED)
+                                   ANCHOR_MATCH, self.stats, max_nodes, max_depth, RESUMED, least_first)
                 self._last = replace(found, match=match, resumed=True, substituted=substituted)
                 return self._last
         if match < max(min_match, 1):
@@ -125,7 +128,7 @@ class MemoryDrafter(DrafterBase):
         together = np.concatenate(rows) if len(rows) > 1 else rows[0]
         found = best_first(together, _RECENCY[:len(together)],
                            np.concatenate(documents) if len(documents) > 1 else documents[0], match,
-                           self.stats, max_nodes, max_depth)
+                           self.stats, max_nodes, max_depth, least_first=least_first)
         self._last = replace(found, substituted=True) if substituted else found
         return self._last
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from itertools import accumulate, count
+from typing import Callable
 
 import numpy as np
 
@@ -36,6 +37,7 @@ class MemoryProposal:
     row_documents: tuple[int, ...] = ()     # per sorted occurrence: its remembered document's id, -1 for live text
     resumed: bool = False                   # guesses where a copy resumes after an edit (core.memory.resume)
     substituted: bool = False               # carries an edit seen earlier in the text (core.memory.substitutions)
+    cut: bool = False                       # the best first node alone: no tree of these continuations could pay
 
     def expected_tokens(self, n: int | None = None) -> float:
         """Tokens one target call is expected to emit with the first ``n`` nodes (all when None): the accepted
@@ -54,13 +56,16 @@ class MemoryProposal:
 
 
 def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray, match: int, stats: MemoryStats,
-               max_nodes: int, max_depth: int, first_match: int | None = None) -> MemoryProposal:
+               max_nodes: int, max_depth: int, first_match: int | None = None,
+               least_first: Callable[[int], float] | None = None) -> MemoryProposal:
     """The best tree of at most ``max_nodes`` nodes and depth ``max_depth`` from continuations ``rows``.
 
     ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights``
     how much each occurrence counts. A node's raw estimate is its share of the weight of the parent's occurrences that
     go on, times ``n / (n + KAPPA)`` for ``n`` such occurrences; calibrated as in :meth:`MemoryStats.estimate` for
     ``match + depth - 1`` tokens of agreement, or for ``first_match`` at depth 1 when given (a resumed copy).
+    ``least_first(m)``: the least estimate a first node of ``m`` tokens of agreement needs for any tree to be worth
+    drafting; below it the tree is the best first node alone (what a planner still learns from).
     A few dozen rows at most: plain Python lists beat numpy's per-call overhead at this size.
     """
     depth_cap = min(rows.shape[1], max_depth)
@@ -106,6 +111,9 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     raws: list[float] = []
     blocks: list[tuple[int, int]] = []
     push_children(-1, 0, len(table), 1, 1.0)
+    cut = bool(heap) and least_first is not None and heap[0][7] < least_first(node_match(1))
+    if cut:
+        max_nodes = 1
     while heap and len(tree) < max_nodes:
         neg_path, _, parent, a, b, depth, token, p, raw = heappop(heap)
         node = tree.add(token, parent, Proposal(), SOURCE)
@@ -117,4 +125,4 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
         if depth < depth_cap:
             push_children(node, a, b, depth + 1, -neg_path)
     return MemoryProposal(tree, match, tuple(node_probs), tuple(path_probs), len(rows), tuple(matches),
-                          tuple(raws), tuple(blocks), tuple(np.asarray(row_documents)[order].tolist()))
+                          tuple(raws), tuple(blocks), tuple(np.asarray(row_documents)[order].tolist()), cut=cut)
