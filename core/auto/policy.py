@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_right
 from collections import deque
 from statistics import median
 from typing import Callable, Sequence
 
 from core.auto.estimates import AcceptanceTracker, PromptRates
 from core.auto.plan import MAX_BUDGET, MAX_DEPTH, Plan, best_plan
-from core.auto.step_costs import MIN_SAMPLES, WIDTH_STARTS, StepCosts
+from core.auto.step_costs import MIN_SAMPLES, WIDTH_STARTS, StepCosts, width_class
 from core.drafting import DrafterBase, ModelDrafter
 from core.events import PlanEvent
 from core.memory import MemoryDrafter, MemoryProposal
@@ -84,7 +83,7 @@ class AutoDrafter(DrafterBase):
         self._shadow: tuple[MemoryProposal, int] | None = None   # a proposal not drafted, and where it applied
         self._plan_event: PlanEvent | None = plan.to_event(_plan_note(plan, model is not None))
         widest = self.latencies.widest
-        self._bound_widths = [(w, WIDTH_STARTS[bisect_right(WIDTH_STARTS, w) - 1]) for w in sorted(
+        self._bound_widths = [(w, WIDTH_STARTS[width_class(w)]) for w in sorted(
             {n for n in self.latencies.verify if 2 <= n <= widest}
             | {w for s in WIDTH_STARTS for w in (s - 1, s) if 2 <= w <= widest})]   # (width, its cost class)
 

@@ -63,14 +63,14 @@ class StepCosts:
         if option == REFERENCE and self.stale(REFERENCE):
             self._ratios.pop((REFERENCE, None), None)
         self._last[option] = self._steps
-        keys = [(option, None)] if width is None else [(option, None), (option, _width_class(width))]
+        keys = [(option, None)] if width is None else [(option, None), (option, width_class(width))]
         for key in keys:
             self._ratios.setdefault(key, deque(maxlen=self.window)).append(seconds / predicted)
         self._medians.clear()
 
     def factor(self, option: str, width: int | None = None) -> float:
         """What to multiply the plan's cost of ``option`` (verifying ``width`` tokens, if given) by."""
-        keys = [(option, None)] if width is None else [(option, c) for c in range(_width_class(width), -1, -1)]
+        keys = [(option, None)] if width is None else [(option, c) for c in range(width_class(width), -1, -1)]
         for key in keys:
             own = self._ratios.get(key, ())
             if len(own) >= MIN_SAMPLES:
@@ -92,5 +92,6 @@ class StepCosts:
         return since is not None and since >= STALE
 
 
-def _width_class(width: int) -> int:
+def width_class(width: int) -> int:
+    """The index in ``WIDTH_STARTS`` of the class whose steps' costs a step verifying ``width`` tokens shares."""
     return bisect_right(WIDTH_STARTS, max(width, 1)) - 1
