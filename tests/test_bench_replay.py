@@ -61,3 +61,46 @@ def test_costs_are_read_back_from_what_speclens_plan_printed() -> None:
     assert all(read.verify[n] == pytest.approx(t, abs=1e-4) for n, t in costs.verify.items())
     with pytest.raises(ValueError, match="speclens plan"):
         latencies_from_plan_text("no plan here")
+
+
+def test_a_knowing_auto_drafts_only_what_the_target_takes_and_is_no_slower() -> None:
+    """Auto's estimates of a fresh copy start low, so it drafts shallowly at first; knowing which of its own
+    proposal's nodes hold, it drafts those deep at once, and no verification of it rejects a node."""
+    dear = plan({1: 1.0, 2: 1.6, 4: 2.8, 16: 8.0, 64: 24.0})     # a batch costs most of its width, as on a Zen 4
+    auto = replay(dear, PROMPT, COPYING, VOCAB)
+    knowing = replay(dear, PROMPT, COPYING, VOCAB, knowing=True)
+    assert knowing.tokens == auto.tokens == len(COPYING)
+    assert knowing.speedup > auto.speedup and knowing.calls < auto.calls
+    assert knowing.rejected == 0 < knowing.drafted_steps
+    fresh = [60, 61, 62, 63, 59, 58, 57, 56]                       # nothing of it occurs before: nothing to know
+    assert replay(dear, PROMPT, fresh, VOCAB, knowing=True).calls == len(fresh)
+
+
+def test_the_knowing_drafter_follows_the_answer_through_its_proposal() -> None:
+    from core.bench.replay import KnowingMemoryDrafter
+    from core.memory import SuffixMemory
+
+    context = [1, 2, 3, 9, 9, 1, 2, 4, 7, 7, 1, 2]      # "1 2" was followed by 3, then by 4
+    drafter = KnowingMemoryDrafter(SuffixMemory("scripted"), context, [3, 9, 9])
+    drafter.start(context)
+    proposal = drafter.propose(context, 8, 8)
+    assert proposal.tree.tokens == [3, 9, 9] and proposal.tree.parents == [-1, 0, 1]
+    assert proposal.node_probs == (1.0, 1.0, 1.0)
+    off_path = KnowingMemoryDrafter(SuffixMemory("scripted"), context, [5])
+    off_path.start(context)
+    assert len(off_path.propose(context, 8, 8).tree) == 0
+
+
+def test_warm_statistics_are_learnt_on_the_other_sets_only() -> None:
+    from core.memory import SuffixMemory
+    from tools.replay import warm_statistics
+
+    cheap = plan({1: 1.0, 2: 1.05, 64: 1.3})
+    prompts = [{"set": "a", "id": "a1", "prompt": PROMPT, "answer": COPYING},
+               {"set": "b", "id": "b1", "prompt": PROMPT, "answer": [60, 61, 62, 63] * 6, "earlier": [60, 61] * 4}]
+    data = {"vocab_size": VOCAB, "prompts": prompts}
+    for own, other in (("a", prompts[1]), ("b", prompts[0])):
+        alone = SuffixMemory("scripted")
+        replay(cheap, other["prompt"], other["answer"], VOCAB, other.get("earlier"), memory=alone)
+        learnt = warm_statistics(cheap, data, own, None)
+        assert learnt.to_dict() == alone.stats.to_dict() and sum(learnt.tested) > 0

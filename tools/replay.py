@@ -9,6 +9,13 @@ A cost table is ``plan`` (this machine's cached plan), a plan or ceiling JSON (i
 ``speclens plan`` prints. Auto decides from the table and its calls cost the same table; ``--actual`` gives a table
 the calls really cost instead (one measured deeper into a decode, as tools/ceiling.py does). Replays rank policies;
 the bench measures them.
+
+Every prompt starts, as in the bench, from empty memory statistics (the rates at which memory's guesses hold, which
+Auto's estimates start from); in use they are learnt across sessions. ``--warm`` starts each set's prompts from the
+statistics learnt by replaying every other set first (never the prompt's own set): Auto as a user who has used it
+has it (``--warm-memory DIR`` writes such statistics, learnt on all the answers given, into a memory folder holding no
+text, for ``speclens bench --memory DIR``). ``--knowing`` adds, beside Auto, an Auto that knows which nodes of its own memory proposals the target
+accepts (core.bench.replay): how much better estimates could gain.
 """
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ from core.bench.prompts import DEFAULT_PROMPTS  # noqa: E402  (after the path ab
 from tools.ceiling import NEW_TOKENS  # noqa: E402  (the bench's answer length, as the ceiling decodes it)
 
 FOUR = tuple(name.removesuffix(".jsonl") for name in DEFAULT_PROMPTS)
-SETS = FOUR + ("held_out_2", "held_out", "held_out_3", "held_out_4")
+SETS = FOUR + ("held_out_2", "held_out", "held_out_3", "held_out_4", "held_out_5")
 
 
 def record(path: Path, sets: list[str]) -> None:
@@ -80,61 +87,117 @@ def cost_table(spec: str):
                          "`speclens plan` printed") from None
 
 
-def read_answers(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        if not isinstance(data["vocab_size"], int) or not all(
-                isinstance(p[k], list) for p in data["prompts"] for k in ("prompt", "answer")):
-            raise ValueError("a prompt or an answer is not a list of token ids")
-        return data
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(f"{path}: not answers written by `tools/replay.py --record` ({exc!r})") from None
+def read_answers(paths: list[Path]) -> dict:
+    """The recorded answers of every file, in order (one tokenizer: the same vocabulary in each)."""
+    merged: dict = {"vocab_size": None, "prompts": []}
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data["vocab_size"], int) or not all(
+                    isinstance(p[k], list) for p in data["prompts"] for k in ("prompt", "answer")):
+                raise ValueError("a prompt or an answer is not a list of token ids")
+            if merged["vocab_size"] not in (None, data["vocab_size"]):
+                raise ValueError(f"a vocabulary of {data['vocab_size']} tokens, not {merged['vocab_size']}")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"{path}: not answers written by `tools/replay.py --record` ({exc!r})") from None
+        merged["vocab_size"] = data["vocab_size"]
+        merged["prompts"] += data["prompts"]
+    return merged
+
+
+def warm_statistics(plan, data: dict, own_set: str | None, actual):
+    """The memory statistics learnt by replaying, in order, every prompt of ``data`` outside ``own_set``."""
+    from core.bench.replay import replay
+    from core.memory import SuffixMemory
+
+    learner = SuffixMemory("scripted")
+    for p in data["prompts"]:
+        if p["set"] != own_set:
+            replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, learner)
+            learner = SuffixMemory("scripted", stats=learner.stats)     # the statistics go on, the text does not
+    return learner.stats
+
+
+def write_warm_memory(folder: Path, data: dict, plan) -> None:
+    """The statistics a user's Auto would have learnt on these answers, in a memory folder holding no text."""
+    from core import models
+    from core.assembly import assemble
+    from core.backends.llamacpp import LlamaCppBackend
+    from core.memory.store import memory_path, write_stats
+
+    target = LlamaCppBackend(assemble(models.PAIRS["default"].target), n_ctx=512)
+    if memory_path(folder, target.fingerprint()).exists():
+        raise SystemExit(f"{folder} already holds a memory of texts: give an empty or new folder")
+    write_stats(folder, target.fingerprint(), warm_statistics(plan, data, None, None))
+    print(f"{folder}: statistics learnt on {len(data['prompts'])} answers")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, help="decode the answers and write them here")
-    parser.add_argument("--sets", nargs="+", default=list(SETS), help="the prompt sets to record")
-    parser.add_argument("--answers", type=Path, help="the recorded answers to replay")
+    parser.add_argument("--sets", nargs="+", default=list(SETS), help="the prompt sets to record, or to replay")
+    parser.add_argument("--answers", type=Path, nargs="+", help="the recorded answers to replay (one or more files)")
     parser.add_argument("--costs", nargs="+", default=["plan"])
     parser.add_argument("--actual", help="the cost table calls really cost (default: each --costs table)")
     parser.add_argument("--prompts", action="store_true", help="a line per prompt")
+    parser.add_argument("--warm", action="store_true",
+                        help="each set starts from the memory statistics learnt by replaying the other sets")
+    parser.add_argument("--knowing", action="store_true",
+                        help="also replay an Auto that knows which of its memory nodes the target accepts")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--warm-memory", type=Path, metavar="DIR",
+                        help="write the statistics learnt on all the answers (at the first --costs table) into an "
+                             "otherwise empty memory folder for the default pair, for `speclens bench --memory DIR`")
     args = parser.parse_args(argv)
     if args.record:
         record(args.record, args.sets)
         return
     if not args.answers:
         parser.error("give --answers (or --record)")
+    data = read_answers(args.answers)
+    data["prompts"] = [p for p in data["prompts"] if p["set"] in args.sets]
+    if args.warm_memory:
+        write_warm_memory(args.warm_memory, data, cost_table(args.costs[0])[1])
+        return
 
     from core.bench.ceiling import ceiling, copy_lengths
     from core.bench.replay import replay
     from core.bench.report import geomean
+    from core.memory import SuffixMemory
 
-    data = read_answers(args.answers)
     actual = cost_table(args.actual)[1].latencies if args.actual else None
+    columns = ("auto", "knowing", "ceiling") if args.knowing else ("auto", "ceiling")
     out = {}
     for spec in args.costs:
         name, plan = cost_table(spec)
         truth = actual or plan.latencies
         rows = []
+        warm = {s: warm_statistics(plan, data, s, actual) for s in dict.fromkeys(p["set"] for p in data["prompts"])
+                } if args.warm else {}
+
+        def memory(p):
+            return SuffixMemory("scripted", stats=warm[p["set"]].copy()) if args.warm else None
+
         for p in data["prompts"]:
-            r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual)
+            r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, memory(p))
             known = p["prompt"] + (p.get("earlier") or [])
             top, _ = ceiling(copy_lengths(known, p["answer"]), truth.verify_cost, truth.widest)
             rows.append({"set": p["set"], "id": p["id"], "auto": r.speedup, "predicted": r.predicted,
                          "ceiling": top, "memory_steps": r.drafted_steps, "calls": r.calls})
+            if args.knowing:
+                rows[-1]["knowing"] = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"),
+                                             actual, memory(p), knowing=True).speedup
             if args.prompts:
+                knew = f", knowing {rows[-1]['knowing']:.2f}x" if args.knowing else ""
                 print(f"  {p['set']:16s} {p['id']:20s} Auto {r.speedup:.2f}x (predicted {r.predicted:.2f}x, "
-                      f"{r.drafted_steps} memory steps of {r.calls}), ceiling {top:.2f}x")
+                      f"{r.drafted_steps} memory steps of {r.calls}){knew}, ceiling {top:.2f}x")
         groups = {s: [r for r in rows if r["set"] == s] for s in dict.fromkeys(r["set"] for r in rows)}
         groups["four sets"] = [r for r in rows if r["set"] in FOUR]
-        sets = {s: {"auto": geomean([r["auto"] for r in g]), "ceiling": geomean([r["ceiling"] for r in g])}
-                for s, g in groups.items() if g}
+        sets = {s: {c: geomean([r[c] for r in g]) for c in columns} for s, g in groups.items() if g}
         ratios = " ".join(f"{n}:{t:.2f}" for n, t in truth.ratios().items())
-        print(f"{name} (t(n)/t(1) {ratios}):")
+        print(f"{name} (t(n)/t(1) {ratios}){', warm statistics' if args.warm else ''}:")
         for s, v in sets.items():
-            print(f"  {s:16s} Auto {v['auto']:.3f}x   ceiling {v['ceiling']:.3f}x")
+            print(f"  {s:16s} " + "   ".join(f"{c.capitalize()} {v[c]:.3f}x" for c in columns))
         out[name] = {"sets": sets, "prompts": rows}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

@@ -8,6 +8,11 @@ one measured deeper into a decode). Auto runs unchanged on that clock (its step 
 starts as the bench's does, and the speedup is plain decoding's time over the simulated time plus the real seconds
 its lookups took. What the replay cannot show is the machine's noise and what the plan's table gets wrong unless a
 truer table is given as ``actual``; it ranks policies, the bench measures them.
+
+``knowing=True`` replays an Auto that knows which nodes of its own memory proposals the target accepts: each proposal is
+cut to the path the answer takes, every node certain. Its proposals, widths and costs are Auto's own, so the distance
+from Auto to it is what better estimates could gain, and the rest of the distance to the ceiling
+(core.bench.ceiling) is what better proposals could.
 """
 from __future__ import annotations
 
@@ -19,9 +24,11 @@ import torch
 
 from core.auto import Auto
 from core.auto.costs import Latencies
+from core.auto.estimates import PromptRates
 from core.auto.plan import Plan
 from core.engine import SpeculativeEngine
-from core.memory import SuffixMemory
+from core.memory import MemoryDrafter, MemoryProposal, SuffixMemory
+from core.memory.proposal import SOURCE
 from core.tree import TokenTree
 
 
@@ -105,6 +112,51 @@ class ScriptedTarget:
         self._tree = None
 
 
+class KnowingMemoryDrafter(MemoryDrafter):
+    """Memory's proposals cut to the path the recorded ``answer`` takes after ``prompt``, each node certain."""
+
+    def __init__(self, memory: SuffixMemory, prompt: Sequence[int], answer: Sequence[int], resume: bool = True) -> None:
+        super().__init__(memory, resume=resume)
+        self.script = list(prompt) + list(answer)
+
+    def propose(self, context, max_nodes, max_depth, min_match=1, least_first=None) -> MemoryProposal:
+        full = super().propose(context, max_nodes, max_depth, min_match)
+        path, node = [], -1
+        while len(context) + len(path) < len(self.script):
+            want = self.script[len(context) + len(path)]
+            node = next((c for c in full.tree.children(node) if full.tree.tokens[c] == want), None)
+            if node is None:
+                break
+            path.append(node)
+        n, certain = len(path), (1.0,) * len(path)
+        self._last = MemoryProposal(TokenTree.chain([full.tree.tokens[j] for j in path], SOURCE), full.match,
+                                    certain, certain, full.occurrences, tuple(full.node_matches[j] for j in path),
+                                    certain, ((0, 0),) * n, (), full.resumed, full.substituted)
+        return self._last
+
+
+class _CertainRates(PromptRates):
+    """This prompt's record judging every node of a knowing proposal certain, as it is."""
+
+    def factor(self, match: int) -> float:
+        return 1.0
+
+    def cap(self, match: int) -> float:
+        return 1.0
+
+
+class _KnowingAuto(Auto):
+    def __init__(self, prompt: Sequence[int], answer: Sequence[int], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.prompt, self.answer = prompt, answer
+
+    def make_drafter(self, draft, params, rng):
+        drafter = super().make_drafter(draft, params, rng)
+        drafter.memory = KnowingMemoryDrafter(self.memory, self.prompt, self.answer, self.resume)
+        drafter.rates = _CertainRates(drafter.memory.stats)
+        return drafter
+
+
 @dataclass(frozen=True)
 class Replay:
     speedup: float          # plain decoding's time over Auto's, on the table of actual costs
@@ -112,14 +164,16 @@ class Replay:
     calls: int
     drafted_steps: int      # steps that verified a memory draft
     tokens: int
+    rejected: int = 0       # drafted nodes the target did not take
 
 
 def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size: int,
            earlier: Sequence[int] | None = None, actual: Latencies | None = None,
-           memory: SuffixMemory | None = None) -> Replay:
+           memory: SuffixMemory | None = None, knowing: bool = False) -> Replay:
     """Auto, deciding from ``plan``, decodes ``prompt`` into its recorded greedy ``answer`` (``earlier``: an earlier
     answer to the same prompt, remembered first, as the bench does for a regenerated prompt); calls cost ``actual``
     (default: the plan's own table). ``memory``: the memory of earlier texts to start from (default: an empty one).
+    ``knowing``: Auto knows which nodes of its memory proposals the target accepts (the module docstring).
 
     Raises RuntimeError if Auto's output differs from the answer: the replay would then be of another answer."""
     costs = actual or plan.latencies
@@ -128,11 +182,12 @@ def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size:
     memory = memory if memory is not None else SuffixMemory("scripted")
     if earlier:
         memory.add_answer(prompt, earlier)
-    auto = Auto(plan=plan, memory=memory, clock=clock)
+    auto = (_KnowingAuto(prompt, answer, plan=plan, memory=memory, clock=clock) if knowing
+            else Auto(plan=plan, memory=memory, clock=clock))
     out = SpeculativeEngine(target, None, auto).generate(prompt, len(answer))
     if list(out.tokens) != list(answer):
         raise RuntimeError("the replayed decode left the recorded answer")
     drafter = auto.last_drafter
     seconds = clock.seconds + drafter.lookup_seconds
     return Replay(len(answer) * costs.plain / seconds, drafter.predicted_speedup, target.calls,
-                  drafter.counts["memory"], len(answer))
+                  drafter.counts["memory"], len(answer), out.stats.drafted - out.stats.accepted)
