@@ -16,6 +16,7 @@ from core.engine import SpeculativeEngine
 from core.events import Origin, StopReason
 from core.memory import Memory, MemoryDrafter, MemorySnapshot, SuffixMemory
 from core.memory.index import MAX_MATCH
+from core.memory.stats import bucket, key
 from core.merge import Merge
 from core.sampling import SamplingParams
 from core.tree import TokenTree
@@ -180,7 +181,9 @@ def test_feedback_counts_every_child_of_a_reached_node() -> None:
     decayed = pytest.approx  # each observation decays the earlier ones of its bucket a little
     assert sum(stats.tested) == decayed(4, rel=0.01)        # 4 and 2 at match 2, 5 and 6 at match 3
     assert sum(stats.accepted) == decayed(2, rel=0.01)
-    assert stats.tested[1] == decayed(2, rel=0.01) and stats.tested[2] == decayed(2, rel=0.01)
+    # copies of remembered documents, counted apart from matches in the text at hand
+    assert stats.tested[bucket(key(2, remembered=True))] == decayed(2, rel=0.01)
+    assert stats.tested[bucket(key(3, remembered=True))] == decayed(2, rel=0.01)
     assert memory.state.stamps.tolist() == [1, 4, 4]   # the documents behind the accepted 4 were just used
 
 
@@ -214,7 +217,27 @@ def test_calibration_follows_the_outcomes() -> None:
             memory.restore(MemorySnapshot(documents, memory.stats))   # forget the answer, keep what was learned
         after = MemoryDrafter(memory).propose(prompt, 4, 4).node_probs[0]
         assert (after > before) if memory is right else (after < before)
-    assert right.stats.rate(len(prompt)) > 0.7 and wrong.stats.rate(len(prompt)) < 0.3
+    copied = key(len(prompt), remembered=True)      # the answer's copies come from the remembered document
+    assert right.stats.rate(copied) > 0.7 and wrong.stats.rate(copied) < 0.3
+
+
+def test_a_generation_starts_this_texts_statistics_afresh_and_keeps_the_remembered_ones() -> None:
+    """What a match in the text at hand achieves depends on the prompt (an edit copies its source, new code echoes
+    its own phrases), so each generation learns it anew; what copies of remembered texts achieve carries over."""
+    memory = memory_with([7, 8, 9, 6, 5])
+    drafter = MemoryDrafter(memory, min_match=1)
+    context = [1, 2, 3, 4, 1, 2, 3, 7, 8, 9]          # "1 2 3" recurs in this text; "7 8 9" is remembered
+    drafter.start(context)
+    own = drafter.propose(context[:7], 4, 4)
+    remembered = drafter.propose(context, 4, 4)
+    assert own.node_matches[0] == 3 and remembered.node_matches[0] == key(3, remembered=True)
+    for proposal in (own, remembered):
+        memory.stats.observe(proposal.node_matches[0], True, proposal.raw_probs[0])
+    this_text, earlier = bucket(own.node_matches[0]), bucket(remembered.node_matches[0])
+    assert memory.stats.tested[this_text] > 0 and memory.stats.tested[earlier] > 0
+    learnt = memory.stats.tested[earlier]
+    MemoryDrafter(memory, min_match=1).start([1, 2, 3])     # the next generation
+    assert memory.stats.tested[this_text] == 0.0 and memory.stats.tested[earlier] == learnt
 
 
 def test_answers_are_remembered_and_saved_at_the_end(tmp_path, monkeypatch) -> None:

@@ -17,7 +17,7 @@ from core.memory import store
 from core.memory.documents import SuffixMemory
 from core.memory.drafter import MemoryDrafter, recency_weights
 from core.memory.index import MAX_MATCH, CorpusIndex, LiveIndex
-from core.memory.stats import BUCKET_STARTS, KAPPA, MAX_PROB, MemoryStats, bucket
+from core.memory.stats import BUCKET_STARTS, KAPPA, MAX_PROB, MemoryStats, bucket, key
 from core.memory.store import memory_dir, memory_path, open_memory
 
 
@@ -106,9 +106,11 @@ def test_proposal_counts_recency_and_shape() -> None:
     share_4 = (w[0] + w[1] + w[3]) / w.sum()
     assert proposal.raw_probs[four] == pytest.approx(share_4 * 4 / (4 + KAPPA))
     assert proposal.raw_probs[five] == pytest.approx((1 - share_4) * 4 / (4 + KAPPA))
-    assert proposal.node_probs[four] == pytest.approx(MemoryStats().estimate(3, proposal.raw_probs[four]))
+    earlier = key(3, remembered=True)     # agreement with remembered documents, counted apart from this text's
+    assert proposal.node_probs[four] == pytest.approx(MemoryStats().estimate(earlier, proposal.raw_probs[four]))
     # after 4: 9 twice (the latest document among them), 8 once; after 5: 9
-    assert [(tree.tokens[c], proposal.node_matches[c]) for c in tree.children(four)] == [(9, 4), (8, 4)]
+    below = key(4, remembered=True)
+    assert [(tree.tokens[c], proposal.node_matches[c]) for c in tree.children(four)] == [(9, below), (8, below)]
     assert [tree.tokens[c] for c in tree.children(five)] == [9]
     assert sorted(tree.tokens) == [4, 5, 8, 9, 9]
     for j, parent in enumerate(tree.parents):

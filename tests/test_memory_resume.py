@@ -11,7 +11,7 @@ from core.engine import SpeculativeEngine
 from core.memory import Memory, MemoryDrafter
 from core.memory.index import LiveIndex
 from core.memory.resume import ANCHOR_MATCH, MAX_GAP, CopyAnchor
-from core.memory.stats import RESUMED, MemoryStats, bucket
+from core.memory.stats import RESUMED, MemoryStats, bucket, key
 from core.sampling import SamplingParams
 from tests.exact import first_two_tokens_exact
 from tests.table_backend import TableBackend, random_table
@@ -80,9 +80,16 @@ def test_the_drafter_proposes_resumed_copies_in_their_own_bucket() -> None:
 def test_statistics_written_before_the_resumed_bucket_still_load() -> None:
     old = {name: [1.0] * 7 for name in ("tested", "accepted", "predicted")}
     stats = MemoryStats.from_dict(old)
-    assert stats.tested[:7] == [1.0] * 7 and stats.tested[7] == 0.0
+    assert stats.tested[:7] == [1.0] * 7 and sum(stats.tested[7:]) == 0.0
     with pytest.raises(ValueError):
         MemoryStats.from_dict({name: [1.0] * 6 for name in ("tested", "accepted", "predicted")})
+
+
+def test_statistics_written_before_the_remembered_buckets_keep_their_resumed_bucket() -> None:
+    old = {name: [1.0] * 7 + [2.0] for name in ("tested", "accepted", "predicted")}
+    stats = MemoryStats.from_dict(old)
+    assert stats.tested[:7] == [1.0] * 7 and stats.tested[bucket(RESUMED)] == 2.0
+    assert sum(stats.tested[bucket(key(1, remembered=True)):bucket(RESUMED)]) == 0.0
 
 
 # -- exactness ----------------------------------------------------------------------------------------------------

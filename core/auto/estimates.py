@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from core.memory.stats import MAX_PROB, RESUMED, MemoryStats, bucket, per_bucket
+from core.memory.stats import BUCKET_STARTS, MAX_PROB, RESUMED, MemoryStats, bucket, per_bucket
 from core.tree import TokenTree
 from core.verify import Verdict
 
@@ -99,15 +99,18 @@ class PromptRates:
         return (self.accepted[b] + self.PRIOR_WEIGHT * prior) / (self.tested[b] + self.PRIOR_WEIGHT)
 
     def _shorter_floor(self, b: int) -> float:
-        """This prompt's acceptance at match lengths shorter than bucket ``b``'s, from two tokens up (one matching
-        token is no sign of copying: it matches anywhere), counted as if ``PRIOR_WEIGHT`` misses came first, so that
-        only this prompt's own evidence raises it. For the ``resumed`` bucket (the last) that is every copy bucket from
-        two tokens up: a prompt whose copies hold is likely to resume them after its edits.
+        """This prompt's acceptance at match lengths shorter than bucket ``b``'s in the same kind of text (this text,
+        or a remembered one), from two tokens up (one matching token is no sign of copying: it matches anywhere),
+        counted as if ``PRIOR_WEIGHT`` misses came first, so that only this prompt's own evidence raises it. For the
+        ``resumed`` bucket that is every bucket of this text from two tokens up: a prompt whose copies hold is likely
+        to resume them after its edits.
 
         An edit that copies its source proves it at short matches first; without the floor its long matches started
         from their long-run rate and were drafted two nodes deep until they had failed or succeeded on their own
         (replaying the bench's recorded greedy answers through the policy: code edits 1.34x -> 1.45x of plain steps,
         the other sets unchanged).
         """
-        tested = sum(self.tested[1:b])
-        return sum(self.accepted[1:b]) / (tested + self.PRIOR_WEIGHT)
+        n = len(BUCKET_STARTS)
+        lo, hi = (1, n) if b == bucket(RESUMED) else (n + 1, b) if b >= n else (1, b)   # same kind of text
+        tested = sum(self.tested[lo:hi])
+        return sum(self.accepted[lo:hi]) / (tested + self.PRIOR_WEIGHT)

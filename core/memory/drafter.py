@@ -85,6 +85,7 @@ class MemoryDrafter(DrafterBase):
         return self._last
 
     def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
+        self.stats.forget_this_text()
         self.live = LiveIndex(prompt)
         self.anchor = CopyAnchor()
         self.substitutions = Substitutions()
@@ -128,7 +129,7 @@ class MemoryDrafter(DrafterBase):
         together = np.concatenate(rows) if len(rows) > 1 else rows[0]
         found = best_first(together, _RECENCY[:len(together)],
                            np.concatenate(documents) if len(documents) > 1 else documents[0], match,
-                           self.stats, max_nodes, max_depth, least_first=least_first)
+                           self.stats, max_nodes, max_depth, least_first=least_first, remembered=live_match < match)
         self._last = replace(found, substituted=True) if substituted else found
         return self._last
 

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from core.memory.index import SEP
-from core.memory.stats import KAPPA, MemoryStats, calibrated
+from core.memory.stats import KAPPA, MemoryStats, calibrated, key
 from core.tree import Proposal, TokenTree
 
 SOURCE = "memory"
@@ -31,7 +31,8 @@ class MemoryProposal:
     node_probs: tuple[float, ...] = ()      # P(node accepted | parent accepted), calibrated
     path_probs: tuple[float, ...] = ()      # products of node_probs along each node's path
     occurrences: int = 0                    # earlier occurrences the tree was built from
-    node_matches: tuple[int, ...] = ()      # match + depth - 1: tokens of agreement behind each node (stats bucket)
+    node_matches: tuple[int, ...] = ()      # each node's statistics key: match + depth - 1 tokens of agreement behind
+                                            # it, in this text or a remembered one (core.memory.stats.key)
     raw_probs: tuple[float, ...] = ()       # the uncalibrated estimates, which calibration compares with outcomes
     blocks: tuple[tuple[int, int], ...] = ()   # rows [a, b) of the sorted occurrences that back each node
     row_documents: tuple[int, ...] = ()     # per sorted occurrence: its remembered document's id, -1 for live text
@@ -57,13 +58,14 @@ class MemoryProposal:
 
 def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray, match: int, stats: MemoryStats,
                max_nodes: int, max_depth: int, first_match: int | None = None,
-               least_first: Callable[[int], float] | None = None) -> MemoryProposal:
+               least_first: Callable[[int], float] | None = None, remembered: bool = False) -> MemoryProposal:
     """The best tree of at most ``max_nodes`` nodes and depth ``max_depth`` from continuations ``rows``.
 
     ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights``
     how much each occurrence counts. A node's raw estimate is its share of the weight of the parent's occurrences that
     go on, times ``n / (n + KAPPA)`` for ``n`` such occurrences; calibrated as in :meth:`MemoryStats.estimate` for
-    ``match + depth - 1`` tokens of agreement, or for ``first_match`` at depth 1 when given (a resumed copy).
+    ``match + depth - 1`` tokens of agreement (in a remembered text when ``remembered``), or for ``first_match`` at
+    depth 1 when given (a resumed copy).
     ``least_first(m)``: the least estimate a first node of ``m`` tokens of agreement needs for any tree to be worth
     drafting; below it the tree is the best first node alone (what a planner still learns from).
     A few dozen rows at most: plain Python lists beat numpy's per-call overhead at this size.
@@ -81,7 +83,7 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     scales: dict[int, float] = {}     # depth -> the calibration of its nodes
 
     def node_match(depth: int) -> int:
-        return first_match if depth == 1 and first_match is not None else match + depth - 1
+        return first_match if depth == 1 and first_match is not None else key(match + depth - 1, remembered)
 
     def push_children(parent: int, lo: int, hi: int, depth: int, path_prob: float) -> None:
         col = depth - 1
