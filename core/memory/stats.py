@@ -20,9 +20,9 @@ Only the remembered texts' buckets are carried from one generation to the next (
 how often a match in the text at hand holds depends on the prompt (an edit copies its source, new code only echoes
 its own phrases), and an average over earlier prompts, most of whose nodes came from copies, misjudged new ones.
 Replaying the benchmark's answers with the statistics learnt on the other sets (tools/replay.py --warm), new code ran
-at 0.97x of plain decoding at this Zen 4's plan and at the Xeon's costs; measured on the real pair, 0.95x against
-1.00x from empty statistics. Apart, new code replays at 0.99-1.00x either way, and a regeneration still starts from
-what copies of earlier answers have achieved.
+at 0.97x of plain decoding at a 2-core Zen 4's and a Xeon's costs; measured on the Zen 4 with the default pair, 0.95x
+of Baseline against 1.00x from empty statistics. Apart, new code replays at 0.99-1.00x either way (measured: 0.99x
+both ways), and a regeneration still starts from what copies of earlier answers have achieved.
 """
 from __future__ import annotations
 
