@@ -13,9 +13,9 @@ the bench measures them.
 Every prompt starts, as in the bench, from empty memory statistics (the rates at which memory's guesses hold, which
 Auto's estimates start from); in use they are learnt across sessions. ``--warm`` starts each set's prompts from the
 statistics learnt by replaying every other set first (never the prompt's own set): Auto as a user who has used it
-has it (``--warm-memory DIR`` writes such statistics, learnt on all the answers given, into a memory folder holding no
-text, for ``speclens bench --memory DIR``). ``--knowing`` adds, beside Auto, an Auto that knows which nodes of its own memory proposals the target
-accepts (core.bench.replay): how much better estimates could gain.
+has it (``--warm-memory DIR`` writes such statistics, learnt on all the answers given, into a memory folder holding
+no text, for ``speclens bench --memory DIR``). ``--knowing`` adds, beside Auto, an Auto that knows which nodes of its
+own memory proposals the target accepts (core.bench.replay): how much better estimates could gain.
 """
 from __future__ import annotations
 
@@ -135,7 +135,8 @@ def write_warm_memory(folder: Path, data: dict, plan) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, help="decode the answers and write them here")
-    parser.add_argument("--sets", nargs="+", default=list(SETS), help="the prompt sets to record, or to replay")
+    parser.add_argument("--sets", nargs="+", help="the prompt sets to record (default: all the bench's), or to replay "
+                                                  "(default: every set in the answers)")
     parser.add_argument("--answers", type=Path, nargs="+", help="the recorded answers to replay (one or more files)")
     parser.add_argument("--costs", nargs="+", default=["plan"])
     parser.add_argument("--actual", help="the cost table calls really cost (default: each --costs table)")
@@ -150,12 +151,13 @@ def main(argv: list[str] | None = None) -> None:
                              "otherwise empty memory folder for the default pair, for `speclens bench --memory DIR`")
     args = parser.parse_args(argv)
     if args.record:
-        record(args.record, args.sets)
+        record(args.record, args.sets or list(SETS))
         return
     if not args.answers:
         parser.error("give --answers (or --record)")
     data = read_answers(args.answers)
-    data["prompts"] = [p for p in data["prompts"] if p["set"] in args.sets]
+    if args.sets:
+        data["prompts"] = [p for p in data["prompts"] if p["set"] in args.sets]
     if args.warm_memory:
         write_warm_memory(args.warm_memory, data, cost_table(args.costs[0])[1])
         return

@@ -119,7 +119,9 @@ class KnowingMemoryDrafter(MemoryDrafter):
         super().__init__(memory, resume=resume)
         self.script = list(prompt) + list(answer)
 
-    def propose(self, context, max_nodes, max_depth, min_match=1, least_first=None) -> MemoryProposal:
+    def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1,
+                least_first=None) -> MemoryProposal:
+        """Memory's whole proposal (``least_first`` is not applied: the path may run past its first node), cut."""
         full = super().propose(context, max_nodes, max_depth, min_match)
         path, node = [], -1
         while len(context) + len(path) < len(self.script):
