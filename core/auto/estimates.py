@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from core.memory.stats import BUCKET_STARTS, MAX_PROB, RESUMED, MemoryStats, bucket, per_bucket
+from core.memory.stats import MAX_PROB, RESUMED, MemoryStats, bucket, per_bucket, shorter_copies
 from core.tree import TokenTree
 from core.verify import Verdict
 
@@ -110,7 +110,6 @@ class PromptRates:
         (replaying the bench's recorded greedy answers through the policy: code edits 1.34x -> 1.45x of plain steps,
         the other sets unchanged).
         """
-        n = len(BUCKET_STARTS)
-        lo, hi = (1, n) if b == bucket(RESUMED) else (n + 1, b) if b >= n else (1, b)   # same kind of text
-        tested = sum(self.tested[lo:hi])
-        return sum(self.accepted[lo:hi]) / (tested + self.PRIOR_WEIGHT)
+        shorter = shorter_copies(b)
+        tested = sum(self.tested[i] for i in shorter)
+        return sum(self.accepted[i] for i in shorter) / (tested + self.PRIOR_WEIGHT)

@@ -50,13 +50,22 @@ def key(match: int, remembered: bool = False) -> int:
     return -1 - max(match, 1) if remembered else match
 
 
-def bucket(key: int) -> int:
+def bucket(stats_key: int) -> int:
     """Index of the bucket of a statistics key (:func:`key`; lengths below 1 count as 1)."""
-    if key == RESUMED:
+    if stats_key == RESUMED:
         return len(BUCKET_LABELS) - 1
-    if key < RESUMED:
-        return len(BUCKET_STARTS) + bisect_right(BUCKET_STARTS, -1 - key) - 1
-    return bisect_right(BUCKET_STARTS, max(key, 1)) - 1
+    if stats_key < RESUMED:
+        return len(BUCKET_STARTS) + bisect_right(BUCKET_STARTS, -1 - stats_key) - 1
+    return bisect_right(BUCKET_STARTS, max(stats_key, 1)) - 1
+
+
+def shorter_copies(b: int) -> range:
+    """The buckets of the same kind of text as bucket ``b`` (the text at hand, or a remembered one) from matches of
+    two tokens up to just below ``b``'s; for the ``RESUMED`` bucket, all of the text at hand's from two tokens up."""
+    n = len(BUCKET_STARTS)
+    if b == bucket(RESUMED):
+        return range(1, n)
+    return range(n + 1, b) if b >= n else range(1, b)
 
 
 def calibrated(scale: float, raw: float) -> float:
