@@ -65,6 +65,7 @@ class AutoDrafter(DrafterBase):
         self.on_replan = on_replan
         self.costs = costs if costs is not None else StepCosts()
         self.clock = clock
+        self.lookup_timer: Callable[[], float] = time.perf_counter   # a replay times them on its clock
         self._step: tuple | None = None   # the last step's option, planned cost, start and memory's width
         self.rates = PromptRates(memory.stats)
         self.note = ""
@@ -171,12 +172,13 @@ class AutoDrafter(DrafterBase):
         if self._skip > 0:
             self._skip -= 1
             return MemoryProposal(TokenTree(), 0)
-        t0 = time.perf_counter()
+        timer = self.lookup_timer
+        t0 = timer()
         # no call wider than the plan measured: a width never timed is never chosen on a guess
         widest = self.latencies.widest - 1
         proposal = self.memory.propose(tokens, min(widest, max_nodes), min(widest, max_depth),
                                        least_first=self._least_first)
-        seconds = time.perf_counter() - t0
+        seconds = timer() - t0
         self._lookups += 1
         self.lookup_seconds += seconds
         self._recent_lookups.append(seconds)

@@ -5,9 +5,13 @@ A greedy answer is a function of the prompt, so once recorded it can be decoded 
 is replaced by :class:`ScriptedTarget`, whose greedy token after ``prompt + answer[:i]`` is ``answer[i]``, and whose
 every call moves a simulated clock by what a call of that width costs on the machine (a cost table: the plan's, or
 one measured deeper into a decode). Auto runs unchanged on that clock (its step costs are learnt from it), its memory
-starts as the bench's does, and the speedup is plain decoding's time over the simulated time plus the real seconds
-its lookups took. What the replay cannot show is the machine's noise and what the plan's table gets wrong unless a
-truer table is given as ``actual``; it ranks policies, the bench measures them.
+starts as the bench's does, every lookup in memory costs ``LOOKUP_SECONDS`` on the clock, and the speedup is plain
+decoding's time over the simulated time. What the replay cannot show is the machine's noise and what the plan's table
+gets wrong unless a truer table is given as ``actual``; it ranks policies, the bench measures them.
+
+The lookups are charged a fixed cost rather than the seconds they take in the replaying process: Auto weighs its
+measured lookup cost in every choice, and timed for real, one prompt's replay moved between 1.04x and 1.17x from one
+run to the next (a choice on a knife edge, flipped by how long a lookup happened to take).
 
 ``knowing=True`` replays an Auto that knows which nodes of its own memory proposals the target accepts: each proposal is
 cut to the path the answer takes, every node certain. Its proposals, widths and costs are Auto's own, so the distance
@@ -39,6 +43,10 @@ def latencies_from_plan_text(text: str) -> Latencies:
     if not found:
         raise ValueError("no 'target forward of n tokens' line: is it the output of `speclens plan`?")
     return Latencies({int(n): float(ms) / 1000 for n, ms in re.findall(r"n=(\d+): ([\d.]+) ms", found.group(1))})
+
+
+LOOKUP_SECONDS = 0.25e-3   # a lookup in memory: the median of Auto's in the bench on a 2-core Zen 4 (0.16-0.50 ms a
+                           # step on new code, explanations and edits, docs/bench/draft-ms-zen4.json)
 
 
 class SimulatedClock:
@@ -112,11 +120,25 @@ class ScriptedTarget:
         self._tree = None
 
 
-class KnowingMemoryDrafter(MemoryDrafter):
+class ChargedMemoryDrafter(MemoryDrafter):
+    """Memory's drafter whose every lookup moves the replay's clock by ``LOOKUP_SECONDS``."""
+
+    def __init__(self, memory: SuffixMemory, clock: SimulatedClock, resume: bool = True) -> None:
+        super().__init__(memory, resume=resume)
+        self.clock = clock
+
+    def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1,
+                least_first=None) -> MemoryProposal:
+        self.clock.seconds += LOOKUP_SECONDS
+        return super().propose(context, max_nodes, max_depth, min_match, least_first)
+
+
+class KnowingMemoryDrafter(ChargedMemoryDrafter):
     """Memory's proposals cut to the path the recorded ``answer`` takes after ``prompt``, each node certain."""
 
-    def __init__(self, memory: SuffixMemory, prompt: Sequence[int], answer: Sequence[int], resume: bool = True) -> None:
-        super().__init__(memory, resume=resume)
+    def __init__(self, memory: SuffixMemory, clock: SimulatedClock, prompt: Sequence[int], answer: Sequence[int],
+                 resume: bool = True) -> None:
+        super().__init__(memory, clock, resume)
         self.script = list(prompt) + list(answer)
 
     def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1,
@@ -147,16 +169,31 @@ class _CertainRates(PromptRates):
         return 1.0
 
 
-class _KnowingAuto(Auto):
+class _ReplayedAuto(Auto):
+    """Auto whose lookups are charged to the replay's clock."""
+
+    def make_drafter(self, draft, params, rng):
+        drafter = super().make_drafter(draft, params, rng)
+        drafter.memory = self.memory_drafter()
+        drafter.lookup_timer = self.clock
+        return drafter
+
+    def memory_drafter(self) -> MemoryDrafter:
+        return ChargedMemoryDrafter(self.memory, self.clock, self.resume)
+
+
+class _KnowingAuto(_ReplayedAuto):
     def __init__(self, prompt: Sequence[int], answer: Sequence[int], **kwargs) -> None:
         super().__init__(**kwargs)
         self.prompt, self.answer = prompt, answer
 
     def make_drafter(self, draft, params, rng):
         drafter = super().make_drafter(draft, params, rng)
-        drafter.memory = KnowingMemoryDrafter(self.memory, self.prompt, self.answer, self.resume)
         drafter.rates = _CertainRates(drafter.memory.stats)
         return drafter
+
+    def memory_drafter(self) -> MemoryDrafter:
+        return KnowingMemoryDrafter(self.memory, self.clock, self.prompt, self.answer, self.resume)
 
 
 @dataclass(frozen=True)
@@ -185,11 +222,10 @@ def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size:
     if earlier:
         memory.add_answer(prompt, earlier)
     auto = (_KnowingAuto(prompt, answer, plan=plan, memory=memory, clock=clock) if knowing
-            else Auto(plan=plan, memory=memory, clock=clock))
+            else _ReplayedAuto(plan=plan, memory=memory, clock=clock))
     out = SpeculativeEngine(target, None, auto).generate(prompt, len(answer))
     if list(out.tokens) != list(answer):
         raise RuntimeError("the replayed decode left the recorded answer")
     drafter = auto.last_drafter
-    seconds = clock.seconds + drafter.lookup_seconds
-    return Replay(len(answer) * costs.plain / seconds, drafter.predicted_speedup, target.calls,
+    return Replay(len(answer) * costs.plain / clock.seconds, drafter.predicted_speedup, target.calls,
                   drafter.counts["memory"], len(answer), out.stats.drafted - out.stats.accepted)
