@@ -41,6 +41,23 @@ def test_a_copy_found_again_after_a_change_says_what_changed() -> None:
     assert edit_closed(SOURCE + [0, 10, 11, 12, 13, 99, 16, 17, 18, 19], 15) == ((14, 15), (99,))
 
 
+def test_a_line_that_repeats_in_the_source_is_not_taken_for_the_copy_resuming_further_on() -> None:
+    # source "1 2 3 4 c 7 8 9 5 / t 7 8 9 5 / 6": c renamed to 99; what follows it also follows t a line later
+    source = [1, 2, 3, 4, 21, 7, 8, 9, 5, 22, 7, 8, 9, 5, 6]
+    context = source + [0, 1, 2, 3, 4, 99, 7, 8, 9, 5]
+    assert edit_closed(context, len(source) + 5) == ((21,), (99,)), "not 'c 7 8 9 5 t' -> 99"
+
+
+def test_an_edit_of_as_many_tokens_is_learnt_as_each_change_in_it() -> None:
+    subs = Substitutions()
+    subs.learn((14, 3, 4, 14, 5), (99, 3, 4, 99, 5))      # "(item), []).append(item)" -> "(record) ... (record)"
+    assert (14,) in subs and (14, 3, 4, 14) not in subs
+    got = subs.applied(rows([2, 14, 6], width=3), depth=3, at=0)
+    assert got.tolist() == [[2, 99, 6]], "the change applies where the rest of the edit does not recur"
+    subs.learn((15, 16, 3), (98, 97, 3))                   # a run of two changed tokens stays one substitution
+    assert (15, 16) in subs and (15,) not in subs
+
+
 def test_an_unbroken_copy_or_an_insertion_is_no_substitution() -> None:
     assert edit_closed(SOURCE + [0, 10, 11, 12, 13, 14, 15, 16, 17], 15) is None
     # 99 inserted before 14: the copy resumes where it stopped, no source token was replaced
@@ -76,6 +93,18 @@ def test_a_substitution_the_text_did_not_make_where_it_was_carried_is_forgotten(
     assert not carried([13, 77]), "something else written (values that change from line to line): forgotten"
     assert carried([50, 51]), "the text left the continuation before the substitution: it says nothing"
     assert carried([13]), "not reached yet: kept"
+
+
+def test_a_guess_of_where_a_copy_resumes_that_the_text_did_not_take_forgets_nothing() -> None:
+    def kept(guessed: bool) -> bool:
+        subs = Substitutions()
+        subs.learn((14,), (99,))
+        subs.applied(rows([14, 15], width=2), depth=2, at=10, guessed=guessed)     # the guess starts at the old name
+        subs.check(np.array([0] * 10 + [40, 41]))          # the copy resumed elsewhere
+        return (14,) in subs
+
+    assert kept(guessed=True)
+    assert not kept(guessed=False), "after a match, the text reaching the old name and writing else is evidence"
 
 
 def test_only_substitutions_are_learnt() -> None:

@@ -108,7 +108,7 @@ class MemoryDrafter(DrafterBase):
         if self.resume and match < ANCHOR_MATCH:
             ends, weights = self.anchor.resumptions(self.live)
             if len(ends):
-                rows, substituted = self._live_rows(ends, depth)
+                rows, substituted = self._live_rows(ends, depth, guessed=True)
                 found = best_first(rows, weights, np.full(len(ends), -1, np.int64),
                                    ANCHOR_MATCH, self.stats, max_nodes, max_depth, RESUMED, least_first)
                 self._last = replace(found, match=match, resumed=True, substituted=substituted)
@@ -143,13 +143,13 @@ class MemoryDrafter(DrafterBase):
         if edit is not None:
             self.substitutions.learn(*edit)
 
-    def _live_rows(self, ends: np.ndarray, depth: int) -> tuple[np.ndarray, bool]:
-        """The continuations of this text after ``ends``, with the substitutions learnt applied, and whether any
-        applied."""
+    def _live_rows(self, ends: np.ndarray, depth: int, guessed: bool = False) -> tuple[np.ndarray, bool]:
+        """The continuations of this text after ``ends`` (``guessed``: where the copy may resume), with the
+        substitutions learnt applied, and whether any applied."""
         if not len(self.substitutions):
             return self.live.continuations(ends, depth), False
         copied = self.live.continuations(ends, depth + self.substitutions.widest)
-        rows = self.substitutions.applied(copied, depth, len(self.live))
+        rows = self.substitutions.applied(copied, depth, len(self.live), guessed)
         return rows, not np.array_equal(rows, copied[:, :depth])
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:

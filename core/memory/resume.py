@@ -30,7 +30,10 @@ class CopyAnchor:
         self.at: tuple[int, int] | None = None
 
     def follow(self, live: LiveIndex, match: int, ends: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """After a lookup in ``live``: a match of ``ANCHOR_MATCH`` tokens or more re-anchors at its latest occurrence.
+        """After a lookup in ``live``: a match of ``ANCHOR_MATCH`` tokens or more re-anchors at one of its
+        occurrences: the one nearest to where the anchored copy would be had it copied every token written since,
+        else (no anchor, or a tie) the latest. A line that repeats in the source (``x = 0`` twice) must not be taken
+        for the copy resuming further on: the edit would then swallow the source between them.
 
         Returns the edit this closes, ``(old, new)``: where the anchored copy broke off, the source's tokens up to
         where the copy resumed and the tokens written instead; None when the copy did not break, resumed elsewhere
@@ -38,7 +41,12 @@ class CopyAnchor:
         """
         if match < ANCHOR_MATCH or not len(ends):
             return None
-        n, source = len(live), int(ends[-1])
+        n = len(live)
+        if self.at is None:
+            source = int(ends[-1])
+        else:
+            expected = self.at[1] + n - self.at[0]
+            source = int(ends[::-1][np.argmin(np.abs(ends[::-1] - expected))])     # a tie: the latest
         edit = self._closed_edit(live.tokens(), n, source, match) if self.at is not None else None
         self.at = (n, source)
         return edit

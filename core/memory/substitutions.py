@@ -41,8 +41,21 @@ class Substitutions:
         return max([0] + [len(old) - len(new) for old, new in self._new.items()])
 
     def learn(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
-        """Remember that the text wrote ``new`` where its source had ``old``. A deletion (nothing written) or a
+        """Remember that the text wrote ``new`` where its source had ``old``: the tokens that differ, each run of them
+        apart where both have as many tokens (``(item), []).append(item`` written ``(record), []).append(record`` is
+        ``(item`` -> ``(record`` twice, which then also applies in ``key(item)``). A deletion (nothing written) or a
         change longer than ``MAX_TOKENS`` is not one."""
+        while old and new and old[-1] == new[-1]:
+            old, new = old[:-1], new[:-1]
+        if old and len(old) == len(new):
+            differ = [i for i in range(len(old)) if old[i] != new[i]]
+            runs = [[differ[0]]]
+            for i in differ[1:]:
+                (runs[-1].append(i) if i == runs[-1][-1] + 1 else runs.append([i]))
+            if len(runs) > 1:
+                for run in runs:
+                    self.learn(old[run[0]:run[-1] + 1], new[run[0]:run[-1] + 1])
+                return
         if not old or not new or old == new or len(old) > MAX_TOKENS or len(new) > MAX_TOKENS:
             return
         self._new.pop(old, None)     # re-learnt: the latest
@@ -63,10 +76,12 @@ class Substitutions:
                 del self._new[old]
         self._checks.clear()
 
-    def applied(self, rows: np.ndarray, depth: int, at: int) -> np.ndarray:
+    def applied(self, rows: np.ndarray, depth: int, at: int, guessed: bool = False) -> np.ndarray:
         """``rows`` (continuations after a context of ``at`` tokens, ``SEP`` where the text ended) with every learnt
         ``old`` written as its ``new``, cut to ``depth`` tokens. Only rows holding the first token of some ``old``
-        are rewritten; each rewritten row's first substitution is checked at the next :meth:`check`."""
+        are rewritten; each rewritten row's first substitution is checked at the next :meth:`check`, unless the rows
+        are ``guessed`` (where a copy may resume) and it is the row's first token: a guess the text did not take
+        says nothing about the substitution."""
         if not self._new or not len(rows):
             return rows[:, :depth]
         firsts = np.fromiter({old[0] for old in self._new}, np.int64)
@@ -74,7 +89,7 @@ class Substitutions:
         out = rows[:, :depth].copy()
         for i in np.flatnonzero(np.isin(rows, firsts).any(axis=1)):
             row, first = self._rewrite(rows[i].tolist(), olds)
-            if first is not None:
+            if first is not None and not (guessed and first[0] == 0):
                 self._checks.append((at, tuple(row[:first[0] + len(self._new[first[1]])]), first[1]))
             row = row[:depth]
             out[i] = row + [SEP] * (depth - len(row))
