@@ -438,6 +438,25 @@ def test_speclens_plan_prints_everything(capsys, monkeypatch) -> None:
     assert json.loads(capsys.readouterr().out)["version"] == PLAN_VERSION
 
 
+@pytest.mark.parametrize("bonus, after, tested, accepted", [(True, 1, 2, 2), (True, 9, 2, 1), (False, 9, 1, 0)])
+def test_the_target_s_token_past_a_short_draft_scores_the_proposal_s_next_node(bonus, after, tested, accepted) -> None:
+    """A copy drafted one node at a time learns from two tokens a step: the drafted node, and the proposal's next
+    one against the target's bonus token (drawn at an accepted leaf, it has the target's own distribution). A
+    correction token, drawn from the residual after a rejection, scores nothing."""
+    target, _ = tiny_draft_pair(vocab=24, seed=7)
+    auto = Auto(make_plan(target, None, {1: 1.0, 2: 1.05, 16: 100.0}), use_memory=False, clock=None)
+    auto.bind(target, None, GREEDY)
+    drafter = auto.make_drafter(None, GREEDY, None)
+    context = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3, 4, 1, 2, 3]
+    drafter.start(context)
+    tree = drafter.draft(context, 8, 8)
+    assert drafter.choice == "memory" and tree.tokens == [4]        # the proposal goes on: 4 1 2 ...
+    assert drafter.memory.last_proposal.tree.tokens[:2] == [4, 1]
+    verdict = (Verdict((0,), after, True, {0: 1.0}) if bonus else Verdict((), after, False, {0: 0.0}))
+    drafter.feedback(tree, verdict)
+    assert sum(drafter.rates.tested) == tested and sum(drafter.rates.accepted) == accepted
+
+
 def test_speclens_plan_names_a_bad_pair(capsys) -> None:
     assert plan_main(["--pair", "nonesuch"]) == 2
     assert "nonesuch" in capsys.readouterr().err

@@ -297,11 +297,25 @@ class AutoDrafter(DrafterBase):
             if node is None:
                 break
             hit = tree.tokens[node] == real
-            self.rates.observe(proposal.node_matches[node], hit)
-            self.memory.stats.observe(proposal.node_matches[node], hit, proposal.raw_probs[node])
+            self._observe(proposal, node, hit)
             if not hit:
                 break
             node = next(iter(tree.children(node)), None)
+
+    def _observe(self, proposal: MemoryProposal, node: int, hit: bool) -> None:
+        """A node of ``proposal`` not drafted, judged by the token the target emitted in its place."""
+        self.rates.observe(proposal.node_matches[node], hit)
+        self.memory.stats.observe(proposal.node_matches[node], hit, proposal.raw_probs[node])
+
+    def _score_beyond(self, proposal: MemoryProposal, verdict: Verdict) -> None:
+        """Score the proposal's next node past the drafted leaf where verification ended, which the draft left out,
+        against the target's bonus token there: drawn at a leaf, that token has the target's own distribution, as a
+        shadow's does. A copy drafted one node at a time (its estimates still low) so learns from two tokens a step."""
+        if not verdict.bonus or verdict.extra is None or not verdict.accepted:
+            return
+        beyond = next(iter(proposal.tree.children(verdict.accepted[-1])), None)
+        if beyond is not None:
+            self._observe(proposal, beyond, proposal.tree.tokens[beyond] == verdict.extra)
 
     def feedback(self, tree: TokenTree, verdict: Verdict) -> None:
         if self.choice == "memory":
@@ -309,6 +323,7 @@ class AutoDrafter(DrafterBase):
             proposal = self.memory.last_proposal
             for j, accept in verdict.accept_probs.items():
                 self.rates.observe(proposal.node_matches[j], j in verdict.accepted)
+            self._score_beyond(proposal, verdict)
         elif self.choice == "tree":
             self.model.feedback(tree, verdict)
             self.tracker.observe(tree, verdict)
