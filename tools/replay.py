@@ -32,7 +32,7 @@ from core.bench.prompts import DEFAULT_PROMPTS  # noqa: E402  (after the path ab
 from tools.ceiling import NEW_TOKENS  # noqa: E402  (the bench's answer length, as the ceiling decodes it)
 
 FOUR = tuple(name.removesuffix(".jsonl") for name in DEFAULT_PROMPTS)
-SETS = FOUR + ("held_out_2", "held_out", "held_out_3", "held_out_4", "held_out_5")
+SETS = FOUR + ("held_out_2", "held_out", "held_out_3", "held_out_4", "held_out_5", "held_out_6")
 
 
 def record(path: Path, sets: list[str]) -> None:
