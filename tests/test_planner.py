@@ -235,12 +235,12 @@ def test_a_copy_that_keeps_holding_is_drafted_in_wider_calls(tmp_path) -> None:
 def test_only_a_long_clean_record_lifts_the_cap() -> None:
     rates = PromptRates(MemoryStats())
     assert rates.cap(20) == MAX_PROB
-    for _ in range(30):
+    for _ in range(15):
         rates.observe(20, True)
-    assert rates.cap(20) == MAX_PROB        # thirty in a row from a long match's prior: not yet surer than the cap
-    for _ in range(30):
+    assert rates.cap(20) == MAX_PROB        # fifteen in a row from a long match's prior: not yet surer than the cap
+    for _ in range(15):
         rates.observe(20, True)
-    assert MAX_PROB < rates.cap(20) < 1.0 and rates.cap(5) == MAX_PROB   # ... sixty are, at that length only
+    assert MAX_PROB < rates.cap(20) < 1.0 and rates.cap(5) == MAX_PROB   # ... thirty are, at that length only
     missed = PromptRates(MemoryStats())
     missed.observe(20, False)
     for _ in range(60):

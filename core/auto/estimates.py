@@ -82,8 +82,8 @@ class PromptRates:
 
     def cap(self, match: int) -> float:
         """The most a node's estimate may reach at this match length: ``MAX_PROB``, or this prompt's own record there
-        where that is higher (from a long match's prior, some 35 accepted nodes in a row; one miss among them keeps
-        the cap for 80 more).
+        where that is higher (from a long match's prior, some 20 accepted nodes in a row; one miss among them keeps
+        the cap for 70 more).
 
         The fixed cap kept a regenerated answer, copied whole from the earlier one, in 16-token calls on a machine where
         a call of 64 costs 25 plain steps: at 0.98 a node, 64 are predicted to give 36 tokens. Replaying the bench's
