@@ -130,6 +130,42 @@ def test_the_drafter_drafts_a_renamed_name_at_its_next_use() -> None:
     assert proposal.tree.tokens[:4] == [21, renamed, 22, 23], "the copy runs through the next use of the new name"
 
 
+def test_a_copy_is_followed_through_its_edits_past_the_new_name_s_first_use() -> None:
+    """After ``name`` -> ``renamed`` is learnt, the text's latest tokens ``renamed 15 16 17`` match best where the new
+    name was first written (followed by 40), but the line being copied goes on with 50: the copy, followed through
+    the edit, agrees for longer."""
+    name, renamed = 14, 60
+    source = [9, 10, 11, 12, name, 15, 16, 17, 40, 41, 42, 43, name, 15, 16, 17, 50, 51]
+    written = [0, 9, 10, 11, 12]
+    drafter = MemoryDrafter(budget=8, max_depth=8)
+    drafter.start(source + written)
+    drafter.propose(source + written, 8, 8)
+    for token in [renamed, 15, 16, 17, 40, 41, 42, 43, renamed, 15, 16, 17]:
+        written.append(token)
+        proposal = drafter.propose(source + written, 8, 8)
+    assert drafter.live.longest()[0] >= 4, "the new name's first use is a match of its own"
+    assert proposal.tree.tokens[:2] == [50, 51] and proposal.substituted
+    assert proposal.node_matches[0] > 8, "keyed by the copy's agreement, edits included"
+
+
+def test_the_anchor_goes_through_learnt_edits_only() -> None:
+    subs = Substitutions()
+    subs.learn((14,), (60, 61))                     # one source token written as two
+    source = [9, 10, 11, 12, 14, 15, 16]
+    live = LiveIndex(source + [0, 9, 10, 11, 12])
+    anchor = CopyAnchor()
+    anchor.follow(live, *live.longest())
+    live.extend([60, 61, 15])
+    assert anchor.through(live, subs) == (4 + 3, 5), "the copy goes on after source token 15 (index 5)"
+    live.extend([77])
+    assert anchor.through(live, subs) is None, "77 is no copy of 16"
+    plain = CopyAnchor()
+    live = LiveIndex(source + [0, 9, 10, 11, 12])
+    plain.follow(live, *live.longest())
+    live.extend([14, 15])
+    assert plain.through(live, subs) is None, "a copy with no edit made is the suffix match's"
+
+
 def drafted_renames(target, prompt: list[int], renamed: int) -> tuple[tuple[int, ...], int]:
     """(tokens, how many times the new name was a drafted token the target accepted) of a greedy Memory decode."""
     engine = SpeculativeEngine(target, None, Memory(8, 8), GREEDY)
@@ -156,11 +192,16 @@ def test_a_rename_used_often_is_drafted_through_and_stays_greedy_identical(monke
 
 OLD, NEW = (5,), (2,)
 TAUGHT_PROMPT = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4]    # ends copying 1..4: the copy goes on with 5 -> 2
+THROUGH_PROMPT = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 2, 6]     # ... and has made it: the copy goes on after 6
+THROUGH_ANCHOR = 12         # the suffix match anchored the copy after "0 1 2 3 4"
 
 
 @dataclass(frozen=True)
 class Taught(Memory):
-    """Memory drafts from a drafter that has already learnt ``OLD -> NEW`` (as after an earlier rename)."""
+    """Memory drafts from a drafter that has already learnt ``OLD -> NEW`` (as after an earlier rename), its copy
+    anchored after the prompt's first ``anchored`` tokens when given (then followed through the edit)."""
+
+    anchored: int = 0
 
     def make_drafter(self, draft, params, rng) -> MemoryDrafter:
         drafter = super().make_drafter(draft, params, rng)
@@ -169,9 +210,15 @@ class Taught(Memory):
         def taught(prompt, cancel=None) -> None:
             start(prompt, cancel)
             drafter.substitutions.learn(OLD, NEW)
+            if self.anchored:
+                live = LiveIndex(prompt[:self.anchored])
+                drafter.anchor.follow(live, *live.longest())
 
         drafter.start = taught
         return drafter
+
+
+TAUGHT = {"substituted": (0, TAUGHT_PROMPT), "through": (THROUGH_ANCHOR, THROUGH_PROMPT)}
 
 
 def test_the_taught_drafter_drafts_the_substitution_first() -> None:
@@ -180,34 +227,48 @@ def test_the_taught_drafter_drafts_the_substitution_first() -> None:
     assert drafter.draft(TAUGHT_PROMPT, 2, 6).tokens[:2] == [2, 6]
 
 
+def test_the_anchored_drafter_follows_the_copy_through_the_edit() -> None:
+    drafter = Taught(6, 2, min_match=1, anchored=THROUGH_ANCHOR).make_drafter(None, GREEDY, None)
+    drafter.start(THROUGH_PROMPT)
+    assert drafter.draft(THROUGH_PROMPT, 2, 6).tokens[:2] == [7, 0]
+    assert drafter.last_proposal.match == 4 + 2 and drafter.last_proposal.substituted
+
+
+@pytest.mark.parametrize("setup", TAUGHT)
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9),
                                     SamplingParams(temperature=1.3, top_k=3)], ids=["t1", "t0.7-p0.9", "t1.3-k3"])
-def test_sampled_joint_distribution_is_exact_through_substitutions(params) -> None:
+def test_sampled_joint_distribution_is_exact_through_substitutions(params, setup) -> None:
     vocab = 9
+    anchored, prompt = TAUGHT[setup]
     target = TableBackend(random_table(vocab, seed=5), vocab, "target")
-    got, expected = first_two_tokens_exact(target, None, Taught(6, 2, min_match=1), params, TAUGHT_PROMPT)
+    got, expected = first_two_tokens_exact(target, None, Taught(6, 2, min_match=1, anchored=anchored), params, prompt)
     assert float((got - expected).abs().max()) < 1e-9
 
 
-def test_greedy_identical_through_substitutions_on_random_targets() -> None:
+@pytest.mark.parametrize("setup", TAUGHT)
+def test_greedy_identical_through_substitutions_on_random_targets(setup) -> None:
+    anchored, prompt = TAUGHT[setup]
     drafted = 0
     for seed in range(6):
         target = TableBackend(random_table(9, seed=seed, sharp=3.0), 9, "target")
-        expected = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(TAUGHT_PROMPT, 12).tokens
-        result = SpeculativeEngine(target, None, Taught(6, 4, min_match=1), GREEDY).generate(TAUGHT_PROMPT, 12)
+        expected = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(prompt, 12).tokens
+        result = SpeculativeEngine(target, None, Taught(6, 4, min_match=1, anchored=anchored),
+                                   GREEDY).generate(prompt, 12)
         assert result.tokens == expected, f"seed {seed}"
         drafted += result.stats.drafted
     assert drafted > 0
 
 
 @pytest.mark.slow
-def test_chi_square_first_two_tokens_through_substitutions() -> None:
+@pytest.mark.parametrize("setup", TAUGHT)
+def test_chi_square_first_two_tokens_through_substitutions(setup) -> None:
     from tests.chi_square import ALPHA, N, chi_square_p, exact_joint, sampled_joint, tiny_target
 
+    anchored, prompt = TAUGHT[setup]
     target, params = tiny_target(), SamplingParams(temperature=1.0)
-    joint = exact_joint(target, params, TAUGHT_PROMPT)
-    p = chi_square_p(sampled_joint(target, None, Taught(6, 2, min_match=1), params, TAUGHT_PROMPT), joint)
-    print(f"\nchi-square memory trees through a substitution T=1.0: p = {p:.4f} (N={N})")
+    joint = exact_joint(target, params, prompt)
+    p = chi_square_p(sampled_joint(target, None, Taught(6, 2, min_match=1, anchored=anchored), params, prompt), joint)
+    print(f"\nchi-square memory trees {setup} T=1.0: p = {p:.4f} (N={N})")
     assert p > ALPHA
 
 

@@ -5,7 +5,8 @@ Each step the drafter finds the longest suffix of the context that occurred befo
 or in the :class:`SuffixMemory` attached, and builds the tree from what followed every occurrence of that length.
 Recent occurrences weigh more: the live text first, then the documents used most recently. Where a copy of the live
 text just broke off (an edit), the tree holds guesses of where it resumes instead (core.memory.resume), and once it
-has resumed, the edit is applied wherever the copy meets the same source tokens again (core.memory.substitutions).
+has resumed, the edit is applied wherever the copy meets the same source tokens again (core.memory.substitutions),
+and the copy is followed through the edits it made where that agrees longer than any suffix match.
 At the end of a generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts
 it next time.
 """
@@ -100,11 +101,20 @@ class MemoryDrafter(DrafterBase):
         proposal."""
         self.live.sync(context)
         live_match, live_ends = self.live.longest()
-        self._learn_edits(live_match, live_ends)
         state = self.memory.state if self.memory is not None else None
         mem_match, mem_ends = state.index.longest(self.live.suffix()) if state is not None else (0, live_ends[:0])
         match = max(live_match, mem_match)
         depth = min(max_depth, MAX_DEPTH)
+        through = self.anchor.through(self.live, self.substitutions) if self.resume else None
+        if through is not None and through[0] > match:     # the copy, followed through its edits, agrees longer
+            self.substitutions.check(self.live.tokens())
+            agreed, source = through
+            rows, _ = self._live_rows(np.array([source], np.int64), depth)
+            self._last = replace(best_first(rows, np.ones(1), np.full(1, -1, np.int64), min(agreed, MAX_MATCH),
+                                            self.stats, max_nodes, max_depth, least_first=least_first),
+                                 substituted=True)
+            return self._last
+        self._learn_edits(live_match, live_ends)
         if self.resume and match < ANCHOR_MATCH:
             ends, weights = self.anchor.resumptions(self.live)
             if len(ends):

@@ -8,7 +8,8 @@ gap of ``n`` new tokens the copy most likely resumes ``n`` source tokens on (a s
 token or two sooner or later (the new name tokenises differently), or where it stopped (an insertion). Each guess is
 one row of continuations weighted by how likely its shift is; :func:`core.memory.proposal.best_first` merges the
 rows into a tree, and memory's statistics learn in a bucket of their own (``RESUMED``) how often a guess is right.
-When the copy is found again, the anchor says what the edit was (core.memory.substitutions applies it again).
+When the copy is found again, the anchor says what the edit was (core.memory.substitutions applies it again), and
+from then on it follows the copy through the edits learnt (:meth:`CopyAnchor.through`).
 """
 from __future__ import annotations
 
@@ -24,10 +25,40 @@ INSERTION_WEIGHT = 0.5  # the copy resumes where it stopped: the new tokens were
 
 class CopyAnchor:
     """Where the live text last copied an earlier part of itself: ``(n, source)``, context token ``n - 1`` being a
-    copy of context token ``source``."""
+    copy of context token ``source``, with ``agreed`` tokens of agreement behind it (edits it learnt counted)."""
 
     def __init__(self) -> None:
         self.at: tuple[int, int] | None = None
+        self.agreed = 0
+        self.edited = False     # the copy went through a learnt edit since the suffix match last anchored it
+
+    def through(self, live: LiveIndex, substitutions) -> tuple[int, int] | None:
+        """``(agreed, source)`` when the text since the anchor copies its source up to the last token with the edits
+        learnt so far (``substitutions``: core.memory.substitutions) made, at least one of them: the copy goes on
+        after context token ``source``, ``agreed`` tokens of agreement behind it. The anchor moves there. None
+        otherwise (the copy broke off, or nothing was substituted: the plain suffix match sees that copy itself).
+
+        A rename breaks the suffix match at every use of the new name, and after it the longest match is often the
+        new name's first use in the answer (``calculateTotal(prices, taxRate)``), not the source line being copied
+        (``calc(arr, 0.2)``): the copy, followed through its edits, is the longer agreement."""
+        if self.at is None or not len(substitutions):
+            return None
+        tokens = live.tokens()
+        n, source = self.at
+        i, j, made = n, source + 1, self.edited
+        while i < len(tokens):
+            if j < len(tokens) and tokens[i] == tokens[j] and j < n:
+                i, j = i + 1, j + 1
+                continue
+            edit = substitutions.made_at(tokens, i, j)
+            if edit is None or j + edit[0] > n:
+                return None
+            j, i, made = j + edit[0], i + edit[1], True
+        if not made or i != len(tokens) or j >= len(tokens) - 1:
+            return None
+        self.agreed += len(tokens) - n
+        self.at, self.edited = (len(tokens), j - 1), True
+        return self.agreed, j - 1
 
     def follow(self, live: LiveIndex, match: int, ends: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """After a lookup in ``live``: a match of ``ANCHOR_MATCH`` tokens or more re-anchors at one of its
@@ -48,7 +79,7 @@ class CopyAnchor:
             expected = self.at[1] + n - self.at[0]
             source = int(ends[::-1][np.argmin(np.abs(ends[::-1] - expected))])     # a tie: the latest
         edit = self._closed_edit(live.tokens(), n, source, match) if self.at is not None else None
-        self.at = (n, source)
+        self.at, self.agreed, self.edited = (n, source), match, False
         return edit
 
     def _closed_edit(self, tokens: np.ndarray, n: int, source: int, match: int):

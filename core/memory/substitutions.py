@@ -76,6 +76,15 @@ class Substitutions:
                 del self._new[old]
         self._checks.clear()
 
+    def made_at(self, tokens: np.ndarray, written: int, source: int) -> tuple[int, int] | None:
+        """``(len(old), len(new))`` of a learnt substitution whose ``old`` starts at ``tokens[source]`` and whose
+        ``new`` was written at ``tokens[written]`` (the longest such ``old``); None when none was made there."""
+        for old, new in sorted(self._new.items(), key=lambda item: len(item[0]), reverse=True):
+            if (tuple(tokens[source:source + len(old)].tolist()) == old
+                    and tuple(tokens[written:written + len(new)].tolist()) == new):
+                return len(old), len(new)
+        return None
+
     def applied(self, rows: np.ndarray, depth: int, at: int, guessed: bool = False) -> np.ndarray:
         """``rows`` (continuations after a context of ``at`` tokens, ``SEP`` where the text ended) with every learnt
         ``old`` written as its ``new``, cut to ``depth`` tokens. Only rows holding the first token of some ``old``
