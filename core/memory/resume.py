@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.memory.index import LiveIndex
+from core.memory.substitutions import Substitutions
 
 ANCHOR_MATCH = 4        # a match this long is a copy worth following
 MAX_GAP = 8             # new tokens after which an edit is no longer a small change: the anchor is dropped
@@ -32,11 +33,11 @@ class CopyAnchor:
         self.agreed = 0
         self.edited = False     # the copy went through a learnt edit since the suffix match last anchored it
 
-    def through(self, live: LiveIndex, substitutions) -> tuple[int, int] | None:
+    def through(self, live: LiveIndex, substitutions: Substitutions) -> tuple[int, int] | None:
         """``(agreed, source)`` when the text since the anchor copies its source up to the last token with the edits
-        learnt so far (``substitutions``: core.memory.substitutions) made, at least one of them: the copy goes on
-        after context token ``source``, ``agreed`` tokens of agreement behind it. The anchor moves there. None
-        otherwise (the copy broke off, or nothing was substituted: the plain suffix match sees that copy itself).
+        learnt so far made, at least one of them: the copy goes on after context token ``source``, ``agreed`` tokens
+        of agreement behind it. The anchor moves there. None otherwise (the copy broke off, or nothing was
+        substituted: the plain suffix match sees that copy itself).
 
         A rename breaks the suffix match at every use of the new name, and after it the longest match is often the
         new name's first use in the answer (``calculateTotal(prices, taxRate)``), not the source line being copied
@@ -47,7 +48,7 @@ class CopyAnchor:
         n, source = self.at
         i, j, made = n, source + 1, self.edited
         while i < len(tokens):
-            if j < len(tokens) and tokens[i] == tokens[j] and j < n:
+            if j < n and tokens[i] == tokens[j]:
                 i, j = i + 1, j + 1
                 continue
             edit = substitutions.made_at(tokens, i, j)

@@ -51,7 +51,10 @@ class Substitutions:
             differ = [i for i in range(len(old)) if old[i] != new[i]]
             runs = [[differ[0]]]
             for i in differ[1:]:
-                (runs[-1].append(i) if i == runs[-1][-1] + 1 else runs.append([i]))
+                if i == runs[-1][-1] + 1:
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
             if len(runs) > 1:
                 for run in runs:
                     self.learn(old[run[0]:run[-1] + 1], new[run[0]:run[-1] + 1])
