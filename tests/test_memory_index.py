@@ -155,7 +155,7 @@ def test_live_and_remembered_occurrences_combine() -> None:
 
 
 def test_stats_buckets_and_calibration() -> None:
-    assert [bucket(m) for m in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [0, 0, 1, 2, 3, 4, 4, 5, 5, 6, 6]
+    assert [bucket(key(m)) for m in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [0, 0, 1, 2, 3, 4, 4, 5, 5, 6, 6]
     assert len(BUCKET_STARTS) == 7
     stats = MemoryStats()
     single = 1 / (1 + KAPPA)

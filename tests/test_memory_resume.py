@@ -10,8 +10,8 @@ from core.drafting import Baseline
 from core.engine import SpeculativeEngine
 from core.memory import Memory, MemoryDrafter
 from core.memory.index import LiveIndex
-from core.memory.resume import ANCHOR_MATCH, MAX_GAP, CopyAnchor
-from core.memory.stats import RESUMED, MemoryStats, bucket, key
+from core.memory.resume import ANCHOR_MATCH, MAX_GAP, MAX_KEPT_GAP, CopyAnchor
+from core.memory.stats import EDITED, RESUMED, MemoryStats, bucket, key
 from core.sampling import SamplingParams
 from tests.exact import first_two_tokens_exact
 from tests.table_backend import TableBackend, random_table
@@ -53,12 +53,26 @@ def test_tokens_copied_after_the_anchor_move_it_on() -> None:
 def test_no_anchor_or_a_long_gap_means_no_guess() -> None:
     live = LiveIndex(SOURCE + [0, 1, 2])
     assert not len(CopyAnchor().resumptions(live)[0])
-    context = SOURCE + [0] + [10, 11, 12, 13] + [90 + i for i in range(MAX_GAP + 1)]
     anchor = CopyAnchor()
-    live = LiveIndex(context[:len(SOURCE) + 1 + ANCHOR_MATCH])
+    context = SOURCE + [0] + [10, 11, 12, 13]
+    live = LiveIndex(context)
     anchor.follow(live, *live.longest())
-    live.sync(context)
-    assert not len(anchor.resumptions(live)[0]) and anchor.at is None
+    for gap, kept in ((MAX_GAP + 1, True), (MAX_KEPT_GAP + 1, False)):
+        live.sync(context + [90 + i for i in range(gap)])
+        assert not len(anchor.resumptions(live)[0]) and (anchor.at is not None) == kept, gap
+
+
+def test_an_edit_longer_than_the_guesses_reach_is_still_learnt() -> None:
+    # 14 written as seven new tokens, found again once "15 16 17 18" agree: eleven tokens after the copy broke off
+    written = [91, 92, 93, 94, 95, 96, 97]
+    drafter = MemoryDrafter(budget=8, max_depth=4)
+    context = SOURCE + [0] + [10, 11, 12, 13]
+    drafter.start(context)
+    for token in written + [15, 16, 17, 18]:
+        drafter.propose(context, 8, 4)
+        context = context + [token]
+    drafter.propose(context, 8, 4)
+    assert (14,) in drafter.substitutions
 
 
 def test_the_drafter_proposes_resumed_copies_in_their_own_bucket() -> None:
@@ -74,7 +88,7 @@ def test_the_drafter_proposes_resumed_copies_in_their_own_bucket() -> None:
     assert all(m > 0 for m, p in zip(proposal.node_matches, proposal.tree.parents) if p >= 0), \
         "deeper nodes continue a copy and are judged as copies"
     assert "resumes after an edit" in (drafter.draft(context, 4, 8) and drafter.note)
-    assert bucket(RESUMED) == len(MemoryStats().tested) - 1
+    assert bucket(RESUMED) == len(MemoryStats().tested) - 2
 
 
 def test_statistics_written_before_the_resumed_bucket_still_load() -> None:
@@ -90,6 +104,13 @@ def test_statistics_written_before_the_remembered_buckets_keep_their_resumed_buc
     stats = MemoryStats.from_dict(old)
     assert stats.tested[:7] == [1.0] * 7 and stats.tested[bucket(RESUMED)] == 2.0
     assert sum(stats.tested[bucket(key(1, remembered=True)):bucket(RESUMED)]) == 0.0
+    assert stats.tested[bucket(EDITED)] == 0.0
+
+
+def test_statistics_written_before_the_edited_bucket_keep_every_other() -> None:
+    old = {name: [float(i) for i in range(15)] for name in ("tested", "accepted", "predicted")}
+    stats = MemoryStats.from_dict(old)
+    assert stats.tested[:15] == old["tested"] and stats.tested[bucket(EDITED)] == 0.0
 
 
 # -- exactness ----------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from core.events import Origin
 from core.memory import Memory, MemoryDrafter
 from core.memory.index import SEP, LiveIndex
 from core.memory.resume import CopyAnchor
+from core.memory.stats import EDITED, key
 from core.memory.substitutions import MAX_TOKENS, Substitutions
 from core.sampling import SamplingParams
 from tests.exact import first_two_tokens_exact
@@ -77,22 +78,46 @@ def test_rows_carry_the_new_tokens_wherever_the_source_has_the_old() -> None:
     assert subs.widest == 1, "a shorter new needs one more source token to fill the row"
 
 
-def carried(written: list[int]) -> bool:
-    """Whether ``14 -> 99``, carried by a continuation ``13 14 15`` after a context of 10 tokens, survives the
-    text then writing ``written`` there."""
+def carried(written: list[int], new: tuple[int, ...] = (99,)) -> list[int]:
+    """The continuation ``13 14 15`` drafted after ``14 -> new``, carried by that same continuation after a context of
+    10 tokens, met the text then writing ``written`` there."""
     subs = Substitutions()
-    subs.learn((14,), (99,))
+    subs.learn((14,), new)
     subs.applied(rows([13, 14, 15], width=3), depth=3, at=10)
     subs.check(np.array([0] * 10 + written))
-    return (14,) in subs
+    return [t for t in subs.applied(rows([13, 14, 15], width=3), depth=3, at=20)[0].tolist() if t != SEP]
 
 
-def test_a_substitution_the_text_did_not_make_where_it_was_carried_is_forgotten() -> None:
-    assert carried([13, 99, 15]), "made: kept"
-    assert not carried([13, 14, 15]), "the old tokens written (a rename in one function only): forgotten"
-    assert not carried([13, 77]), "something else written (values that change from line to line): forgotten"
-    assert carried([50, 51]), "the text left the continuation before the substitution: it says nothing"
-    assert carried([13]), "not reached yet: kept"
+def test_a_substitution_is_judged_by_what_the_text_wrote_where_it_was_carried() -> None:
+    assert carried([13, 99, 15]) == [13, 99, 15], "made: kept"
+    assert carried([13, 14, 15]) == [13, 14, 15], "the old tokens written (a rename in one function only): forgotten"
+    assert carried([50, 51]) == [13, 99, 15], "the text left the continuation before the substitution: it says nothing"
+    assert carried([13]) == [13, 99, 15], "not reached yet: kept"
+
+
+def test_an_edit_made_each_time_another_way_keeps_what_it_wrote_each_time_and_ends_the_draft_there() -> None:
+    # "return None" -> 'raise ValueError("Invalid port")', then 'raise ValueError("Port out of range")'
+    assert carried([13, 99, 98, 77], new=(99, 98, 97)) == [13, 99, 98], "the start both wrote, then nothing"
+    assert carried([13, 77]) == [13], "nothing in common (values that change line by line): the draft ends before"
+    assert carried([13, 99, 98, 96], new=(99, 98, 97, 95)) == [13, 99, 98]
+    # the open substitution is judged in turn: the old tokens written, it goes
+    subs = Substitutions()
+    subs.learn((14,), (99, 98))
+    for at, written in ((10, [13, 99, 77]), (20, [13, 14, 15])):
+        subs.applied(rows([13, 14, 15], width=3), depth=3, at=at)
+        subs.check(np.array([0] * at + written))
+    assert (14,) not in subs
+
+
+def test_an_edit_made_again_the_way_it_varies_keeps_its_open_start() -> None:
+    subs = Substitutions()
+    subs.learn((14,), (99, 98, 97))
+    subs.applied(rows([13, 14, 15], width=3), depth=3, at=10)
+    subs.check(np.array([0] * 10 + [13, 99, 98, 77]))
+    subs.learn((14,), (99, 98, 76))         # the next edit found again: its tail is new again
+    assert subs.applied(rows([13, 14, 15], width=3), depth=3, at=20).tolist() == [[13, 99, 98]]
+    subs.learn((14,), (55,))                # made another way altogether: learnt afresh
+    assert subs.applied(rows([13, 14, 15], width=3), depth=3, at=20).tolist() == [[13, 55, 15]]
 
 
 def test_a_guess_of_where_a_copy_resumes_that_the_text_did_not_take_forgets_nothing() -> None:
@@ -101,7 +126,7 @@ def test_a_guess_of_where_a_copy_resumes_that_the_text_did_not_take_forgets_noth
         subs.learn((14,), (99,))
         subs.applied(rows([14, 15], width=2), depth=2, at=10, guessed=guessed)     # the guess starts at the old name
         subs.check(np.array([0] * 10 + [40, 41]))          # the copy resumed elsewhere
-        return (14,) in subs
+        return subs.applied(rows([14, 15], width=2), depth=2, at=20).tolist() == [[99, 15]]
 
     assert kept(guessed=True)
     assert not kept(guessed=False), "after a match, the text reaching the old name and writing else is evidence"
@@ -188,6 +213,22 @@ def test_a_rename_used_often_is_drafted_through_and_stays_greedy_identical(monke
     assert tokens == expected and drafted == 0, "without substitutions the new name is only ever the target's own"
 
 
+def test_an_edit_made_once_is_drafted_as_a_guess_until_it_is_made_again() -> None:
+    # "10 .. 19 / 10 11 12 13 99 15": 14 -> 99 learnt; the copy of "12 13 14" comes again at the end
+    drafter = MemoryDrafter(budget=8, max_depth=4)
+    context = SOURCE + [0, 10, 11, 12, 13, 99, 15, 16, 17, 18, 1, 12, 13]
+    drafter.start(context)
+    drafter.substitutions.learn((14,), (99,))
+
+    def edited_key() -> int:
+        proposal = drafter.propose(context, 8, 4)
+        return proposal.node_matches[proposal.tree.tokens.index(99)]
+
+    assert edited_key() == EDITED
+    drafter.substitutions.learn((14,), (99,))           # made again (the copy found once more after it)
+    assert edited_key() == key(2), "a proven edit is judged as the copy it continues"
+
+
 # -- exactness of trees drafted through a substitution -------------------------------------------------------------
 
 OLD, NEW = (5,), (2,)
@@ -199,9 +240,11 @@ THROUGH_ANCHOR = 12         # the suffix match anchored the copy after "0 1 2 3 
 @dataclass(frozen=True)
 class Taught(Memory):
     """Memory drafts from a drafter that has already learnt ``OLD -> NEW`` (as after an earlier rename), its copy
-    anchored after the prompt's first ``anchored`` tokens when given (then followed through the edit)."""
+    anchored after the prompt's first ``anchored`` tokens when given (then followed through the edit), or, when
+    ``opened``, an edit of ``OLD`` made twice in different ways, that starts with ``NEW``."""
 
     anchored: int = 0
+    opened: bool = False
 
     def make_drafter(self, draft, params, rng) -> MemoryDrafter:
         drafter = super().make_drafter(draft, params, rng)
@@ -209,7 +252,12 @@ class Taught(Memory):
 
         def taught(prompt, cancel=None) -> None:
             start(prompt, cancel)
-            drafter.substitutions.learn(OLD, NEW)
+            if self.opened:     # made as "2 6", then as "2 8": the copy's draft ends after 2
+                drafter.substitutions.learn(OLD, NEW + (6,))
+                drafter.substitutions.applied(rows([5, 6], width=2), depth=2, at=0)
+                drafter.substitutions.check(np.array(NEW + (8,)))
+            else:
+                drafter.substitutions.learn(OLD, NEW)
             if self.anchored:
                 live = LiveIndex(prompt[:self.anchored])
                 drafter.anchor.follow(live, *live.longest())
@@ -218,13 +266,26 @@ class Taught(Memory):
         return drafter
 
 
-TAUGHT = {"substituted": (0, TAUGHT_PROMPT), "through": (THROUGH_ANCHOR, THROUGH_PROMPT)}
+TAUGHT = {"substituted": (0, TAUGHT_PROMPT, False), "through": (THROUGH_ANCHOR, THROUGH_PROMPT, False),
+          "open": (0, TAUGHT_PROMPT, True)}
+
+
+def taught(setup: str, depth: int) -> tuple[Taught, list[int]]:
+    """The strategy of a ``TAUGHT`` setup drafting 6 nodes ``depth`` deep, and its prompt."""
+    anchored, prompt, opened = TAUGHT[setup]
+    return Taught(6, depth, min_match=1, anchored=anchored, opened=opened), prompt
 
 
 def test_the_taught_drafter_drafts_the_substitution_first() -> None:
     drafter = Taught(6, 2, min_match=1).make_drafter(None, GREEDY, None)
     drafter.start(TAUGHT_PROMPT)
     assert drafter.draft(TAUGHT_PROMPT, 2, 6).tokens[:2] == [2, 6]
+
+
+def test_the_opened_drafter_drafts_the_edit_s_start_and_ends_there() -> None:
+    drafter = Taught(6, 2, min_match=1, opened=True).make_drafter(None, GREEDY, None)
+    drafter.start(TAUGHT_PROMPT)
+    assert drafter.draft(TAUGHT_PROMPT, 2, 6).tokens == [2]
 
 
 def test_the_anchored_drafter_follows_the_copy_through_the_edit() -> None:
@@ -239,21 +300,20 @@ def test_the_anchored_drafter_follows_the_copy_through_the_edit() -> None:
                                     SamplingParams(temperature=1.3, top_k=3)], ids=["t1", "t0.7-p0.9", "t1.3-k3"])
 def test_sampled_joint_distribution_is_exact_through_substitutions(params, setup) -> None:
     vocab = 9
-    anchored, prompt = TAUGHT[setup]
+    strategy, prompt = taught(setup, 2)
     target = TableBackend(random_table(vocab, seed=5), vocab, "target")
-    got, expected = first_two_tokens_exact(target, None, Taught(6, 2, min_match=1, anchored=anchored), params, prompt)
+    got, expected = first_two_tokens_exact(target, None, strategy, params, prompt)
     assert float((got - expected).abs().max()) < 1e-9
 
 
 @pytest.mark.parametrize("setup", TAUGHT)
 def test_greedy_identical_through_substitutions_on_random_targets(setup) -> None:
-    anchored, prompt = TAUGHT[setup]
+    strategy, prompt = taught(setup, 4)
     drafted = 0
     for seed in range(6):
         target = TableBackend(random_table(9, seed=seed, sharp=3.0), 9, "target")
         expected = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(prompt, 12).tokens
-        result = SpeculativeEngine(target, None, Taught(6, 4, min_match=1, anchored=anchored),
-                                   GREEDY).generate(prompt, 12)
+        result = SpeculativeEngine(target, None, strategy, GREEDY).generate(prompt, 12)
         assert result.tokens == expected, f"seed {seed}"
         drafted += result.stats.drafted
     assert drafted > 0
@@ -264,10 +324,10 @@ def test_greedy_identical_through_substitutions_on_random_targets(setup) -> None
 def test_chi_square_first_two_tokens_through_substitutions(setup) -> None:
     from tests.chi_square import ALPHA, N, chi_square_p, exact_joint, sampled_joint, tiny_target
 
-    anchored, prompt = TAUGHT[setup]
+    strategy, prompt = taught(setup, 2)
     target, params = tiny_target(), SamplingParams(temperature=1.0)
     joint = exact_joint(target, params, prompt)
-    p = chi_square_p(sampled_joint(target, None, Taught(6, 2, min_match=1, anchored=anchored), params, prompt), joint)
+    p = chi_square_p(sampled_joint(target, None, strategy, params, prompt), joint)
     print(f"\nchi-square memory trees {setup} T=1.0: p = {p:.4f} (N={N})")
     assert p > ALPHA
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from core.memory.stats import MAX_PROB, RESUMED, MemoryStats, bucket, per_bucket, shorter_copies
+from core.memory.stats import EDITED, MAX_PROB, RESUMED, MemoryStats, bucket, per_bucket, shorter_copies
 from core.tree import TokenTree
 from core.verify import Verdict
 
@@ -51,9 +51,9 @@ class PromptRates:
     rejections at a match length where memory is usually right 70 % of the time halve the estimate there, which
     stops drafting at that length for the rest of this answer. A longer match is no less reliable than a shorter
     one, so what this prompt shows at shorter lengths is a floor for longer ones (:meth:`_shorter_floor`): a long
-    match breaks once per edit, and starts again after it. A guess of where a copy resumes is no match: what the
-    copies show only raises its prior, and its own misses stop it (a bug-fix prompt whose short copies held drafted
-    six failing guesses in a row, each a lost verification of two tokens).
+    match breaks once per edit, and starts again after it. A guess of where a copy resumes, or that an edit made once
+    is made again, is no match: what the copies show only raises its prior, and its own misses stop it (a bug-fix
+    prompt whose short copies held drafted six failing guesses in a row, each a lost verification of two tokens).
     ``factor`` is what memory's estimates are multiplied by, and ``cap`` the most certain a node of that match length
     may be judged.
     """
@@ -76,7 +76,7 @@ class PromptRates:
         if prior <= 0:
             return 1.0
         floor = self._shorter_floor(b)
-        if match == RESUMED:
+        if match in (RESUMED, EDITED):
             return self._observed(b, max(prior, floor)) / prior
         return max(self._observed(b, prior), floor) / prior
 
@@ -102,8 +102,8 @@ class PromptRates:
         """This prompt's acceptance at match lengths shorter than bucket ``b``'s in the same kind of text (this text,
         or a remembered one), from two tokens up (one matching token is no sign of copying: it matches anywhere),
         counted as if ``PRIOR_WEIGHT`` misses came first, so that only this prompt's own evidence raises it. For the
-        ``resumed`` bucket that is every bucket of this text from two tokens up: a prompt whose copies hold is likely
-        to resume them after its edits.
+        ``resumed`` and ``edited`` buckets that is every bucket of this text from two tokens up: a prompt whose
+        copies hold is likely to resume them after its edits.
 
         An edit that copies its source proves it at short matches first; without the floor its long matches started
         from their long-run rate and were drafted two nodes deep until they had failed or succeeded on their own

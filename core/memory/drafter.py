@@ -109,27 +109,27 @@ class MemoryDrafter(DrafterBase):
         if through is not None and through[0] > match:     # the copy, followed through its edits, agrees longer
             self.substitutions.check(self.live.tokens())
             agreed, source = through
-            rows, _ = self._live_rows(np.array([source], np.int64), depth)
+            rows, edits = self._live_rows(np.array([source], np.int64), depth)
             self._last = replace(best_first(rows, np.ones(1), np.full(1, -1, np.int64), min(agreed, MAX_MATCH),
-                                            self.stats, max_nodes, max_depth, least_first=least_first),
+                                            self.stats, max_nodes, max_depth, least_first=least_first, edits=edits),
                                  substituted=True)
             return self._last
         self._learn_edits(live_match, live_ends)
         if self.resume and match < ANCHOR_MATCH:
             ends, weights = self.anchor.resumptions(self.live)
             if len(ends):
-                rows, substituted = self._live_rows(ends, depth, guessed=True)
+                rows, edits = self._live_rows(ends, depth, guessed=True)
                 found = best_first(rows, weights, np.full(len(ends), -1, np.int64),
-                                   ANCHOR_MATCH, self.stats, max_nodes, max_depth, RESUMED, least_first)
-                self._last = replace(found, match=match, resumed=True, substituted=substituted)
+                                   ANCHOR_MATCH, self.stats, max_nodes, max_depth, RESUMED, least_first, edits=edits)
+                self._last = replace(found, match=match, resumed=True, substituted=edits is not None)
                 return self._last
         if match < max(min_match, 1):
             self._last = MemoryProposal(TokenTree(), match)
             return self._last
-        rows, documents, substituted = [], [], False
+        rows, documents, edits = [], [], None
         if live_match == match:
             ends = live_ends[::-1][:MAX_OCCURRENCES]          # latest first
-            live_rows, substituted = self._live_rows(ends, depth)
+            live_rows, edits = self._live_rows(ends, depth)
             rows.append(live_rows)
             documents.append(np.full(len(ends), -1, np.int64))
         if mem_match == match:
@@ -137,10 +137,13 @@ class MemoryDrafter(DrafterBase):
             rows.append(state.index.continuations(ends, depth))
             documents.append(uids)
         together = np.concatenate(rows) if len(rows) > 1 else rows[0]
+        if edits is not None and len(together) > len(edits):
+            edits = np.concatenate([edits, np.zeros((len(together) - len(edits), edits.shape[1]), bool)])
         found = best_first(together, _RECENCY[:len(together)],
                            np.concatenate(documents) if len(documents) > 1 else documents[0], match,
-                           self.stats, max_nodes, max_depth, least_first=least_first, remembered=live_match < match)
-        self._last = replace(found, substituted=True) if substituted else found
+                           self.stats, max_nodes, max_depth, least_first=least_first, remembered=live_match < match,
+                           edits=edits)
+        self._last = replace(found, substituted=True) if edits is not None else found
         return self._last
 
     def _learn_edits(self, match: int, ends: np.ndarray) -> None:
@@ -153,14 +156,13 @@ class MemoryDrafter(DrafterBase):
         if edit is not None:
             self.substitutions.learn(*edit)
 
-    def _live_rows(self, ends: np.ndarray, depth: int, guessed: bool = False) -> tuple[np.ndarray, bool]:
+    def _live_rows(self, ends: np.ndarray, depth: int, guessed: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """The continuations of this text after ``ends`` (``guessed``: where the copy may resume), with the
-        substitutions learnt applied, and whether any applied."""
+        substitutions learnt applied, and where their new tokens start (None: no substitution applied)."""
         if not len(self.substitutions):
-            return self.live.continuations(ends, depth), False
+            return self.live.continuations(ends, depth), None
         copied = self.live.continuations(ends, depth + self.substitutions.widest)
-        rows = self.substitutions.applied(copied, depth, len(self.live), guessed)
-        return rows, not np.array_equal(rows, copied[:, :depth])
+        return self.substitutions.edited(copied, depth, len(self.live), guessed)
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         proposal = self.propose(tokens, min(self.budget, max_nodes), min(self.max_depth, max_depth), self.min_match)

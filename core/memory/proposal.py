@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from core.memory.index import SEP
-from core.memory.stats import KAPPA, MemoryStats, calibrated, key
+from core.memory.stats import EDITED, KAPPA, MemoryStats, calibrated, key
 from core.tree import Proposal, TokenTree
 
 SOURCE = "memory"
@@ -58,14 +58,19 @@ class MemoryProposal:
 
 def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray, match: int, stats: MemoryStats,
                max_nodes: int, max_depth: int, first_match: int | None = None,
-               least_first: Callable[[int], float] | None = None, remembered: bool = False) -> MemoryProposal:
+               least_first: Callable[[int], float] | None = None, remembered: bool = False,
+               edits: np.ndarray | None = None) -> MemoryProposal:
     """The best tree of at most ``max_nodes`` nodes and depth ``max_depth`` from continuations ``rows``.
 
     ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights``
     how much each occurrence counts. A node's raw estimate is its share of the weight of the parent's occurrences that
     go on, times ``n / (n + KAPPA)`` for ``n`` such occurrences; calibrated as in :meth:`MemoryStats.estimate` for
     ``match + depth - 1`` tokens of agreement (in a remembered text when ``remembered``), or for ``first_match`` at
-    depth 1 when given (a resumed copy).
+    depth 1 when given (a resumed copy). ``edits`` (occurrences x depth, when given) marks where a row starts an edit
+    the text has made once (core.memory.substitutions): a node that starts one in any of its rows is keyed
+    ``EDITED``, a guess about an edit that no match length describes (a substitution made once, then drafted through
+    15 copied tokens at a long match's estimate, was an insertion the text did not repeat: ``):`` ->
+    ``, encoding="utf-8"):``).
     ``least_first(m)``: the least estimate a first node of ``m`` tokens of agreement needs for any tree to be worth
     drafting; below it the tree is the best first node alone (what a planner still learns from).
     A few dozen rows at most: plain Python lists beat numpy's per-call overhead at this size.
@@ -76,14 +81,22 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     table = rows[:, :depth_cap].tolist()
     order = sorted(range(len(table)), key=table.__getitem__)   # a node's occurrences become consecutive rows
     table = [table[i] for i in order]
+    edited = [edits[i, :depth_cap].tolist() for i in order] if edits is not None else None
     weight = weights.tolist()
     cumulative = list(accumulate((weight[i] for i in order), initial=0.0))
     heap: list[tuple] = []
     ties = count()
-    scales: dict[int, float] = {}     # depth -> the calibration of its nodes
+    scales: dict[int, float] = {}     # statistics key -> the calibration of its nodes
 
     def node_match(depth: int) -> int:
         return first_match if depth == 1 and first_match is not None else key(match + depth - 1, remembered)
+
+    def group_match(a: int, b: int, depth: int) -> int:
+        """The statistics key of the node backed by sorted rows [a, b) at ``depth``."""
+        if edited is not None and not (depth == 1 and first_match is not None) and \
+                any(edited[i][depth - 1] for i in range(a, b)):
+            return EDITED
+        return node_match(depth)
 
     def push_children(parent: int, lo: int, hi: int, depth: int, path_prob: float) -> None:
         col = depth - 1
@@ -92,8 +105,6 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
             first += 1
         if first == hi:
             return
-        if depth not in scales:
-            scales[depth] = stats.scale(node_match(depth))
         total = cumulative[hi] - cumulative[first]
         confidence = (hi - first) / (hi - first + KAPPA)
         a = first
@@ -102,8 +113,11 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
             while b < hi and table[b][col] == token:
                 b += 1
             raw = (cumulative[b] - cumulative[a]) / total * confidence
-            p = calibrated(scales[depth], raw)
-            heappush(heap, (-path_prob * p, next(ties), parent, a, b, depth, token, p, raw))
+            stats_key = group_match(a, b, depth)
+            if stats_key not in scales:
+                scales[stats_key] = stats.scale(stats_key)
+            p = calibrated(scales[stats_key], raw)
+            heappush(heap, (-path_prob * p, next(ties), parent, a, b, depth, token, p, raw, stats_key))
             a = b
 
     tree = TokenTree()
@@ -113,15 +127,15 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     raws: list[float] = []
     blocks: list[tuple[int, int]] = []
     push_children(-1, 0, len(table), 1, 1.0)
-    cut = bool(heap) and least_first is not None and heap[0][7] < least_first(node_match(1))
+    cut = bool(heap) and least_first is not None and heap[0][7] < least_first(heap[0][9])
     if cut:
         max_nodes = 1
     while heap and len(tree) < max_nodes:
-        neg_path, _, parent, a, b, depth, token, p, raw = heappop(heap)
+        neg_path, _, parent, a, b, depth, token, p, raw, stats_key = heappop(heap)
         node = tree.add(token, parent, Proposal(), SOURCE)
         node_probs.append(p)
         path_probs.append(-neg_path)
-        matches.append(node_match(depth))
+        matches.append(stats_key)
         raws.append(raw)
         blocks.append((a, b))
         if depth < depth_cap:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from core.memory.index import LiveIndex
-from core.memory.substitutions import Substitutions
+from core.memory.substitutions import MAX_TOKENS, Substitutions
 
 ANCHOR_MATCH = 4        # a match this long is a copy worth following
-MAX_GAP = 8             # new tokens after which an edit is no longer a small change: the anchor is dropped
+MAX_GAP = 8             # new tokens after which where the copy resumes is no longer guessed
+# ... and after which the anchor is dropped: an edit found again later would be longer than a substitution
+MAX_KEPT_GAP = MAX_TOKENS + ANCHOR_MATCH
 SHIFT_WEIGHTS = {0: 1.0, -1: 0.5, 1: 0.5, -2: 0.25, 2: 0.25}   # source tokens skipped minus tokens written
 INSERTION_WEIGHT = 0.5  # the copy resumes where it stopped: the new tokens were inserted
 
@@ -94,7 +96,11 @@ class CopyAnchor:
 
     def resumptions(self, live: LiveIndex) -> tuple[np.ndarray, np.ndarray]:
         """(ends, weights): the positions after which the copy may resume, as ``LiveIndex`` ends (the token before
-        the resumed one), and each guess's weight; empty when there is no anchor or the gap grew too long."""
+        the resumed one), and each guess's weight; empty when there is no anchor or the gap grew too long to guess.
+
+        The anchor outlives the guesses: ``raise ValueError("Invalid port number")`` written for ``return None`` is
+        seven new tokens, and the copy is found again only once ``ANCHOR_MATCH`` more agree, so an anchor dropped
+        after ``MAX_GAP`` would never learn that edit."""
         none = np.zeros(0, np.int64), np.zeros(0)
         if self.at is None:
             return none
@@ -102,8 +108,9 @@ class CopyAnchor:
         tokens = live.tokens()
         agreed = _agreed(tokens, n, source + 1, len(tokens) - n)
         gap = len(tokens) - n - agreed
-        if gap > MAX_GAP:
+        if gap > MAX_KEPT_GAP:
             self.at = None
+        if gap > MAX_GAP:
             return none
         stopped = source + agreed          # the last source token copied
         guesses: dict[int, float] = {}

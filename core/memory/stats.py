@@ -13,8 +13,10 @@ target's probability of the node's token, whatever the sibling order. Evidence d
 observation in a bucket) so the numbers follow the model pair and the user's texts across sessions.
 
 A copy of a remembered text (an earlier answer, an earlier conversation) is counted apart from a match in the text at
-hand, in buckets of its own (:func:`key`), and a last bucket, ``RESUMED``, holds the first token of a copy guessed to
-resume after an edit (core.memory.resume): no token agrees behind that guess, so no match length describes it.
+hand, in buckets of its own (:func:`key`). Two last buckets hold guesses about edits, which no match length
+describes since no token agrees behind them: ``RESUMED``, the first token of a copy guessed to resume after an edit
+(core.memory.resume), and ``EDITED``, the first new token of a substitution the text has made once, carried to the
+copy's next use of its old tokens (core.memory.substitutions).
 
 Only the remembered texts' buckets are carried from one generation to the next (:meth:`MemoryStats.forget_this_text`):
 how often a match in the text at hand holds depends on the prompt (an edit copies its source, new code only echoes
@@ -31,16 +33,19 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 BUCKET_STARTS = (1, 2, 3, 4, 5, 9, 17)          # match lengths 1, 2, 3, 4, 5-8, 9-16, 17+
-RESUMED = -1            # the key of a resumed copy's first token: the last bucket
+RESUMED = -1            # the key of a resumed copy's first token
+EDITED = 0              # the key of a once-made substitution's first new token: the last bucket
 _LENGTHS = ("1", "2", "3", "4", "5-8", "9-16", "17+")
-BUCKET_LABELS = _LENGTHS + tuple(f"remembered {n}" for n in _LENGTHS) + ("resumed",)
+BUCKET_LABELS = _LENGTHS + tuple(f"remembered {n}" for n in _LENGTHS) + ("resumed", "edited")
 # A generation starts this text's buckets from these: matches of 9-16 and 17+ tokens hold 0.92 and 0.97 of the time
 # on the bench's recorded answers (the estimates said 0.75 and 0.82); priors of 0.65 and 0.75 there kept a fresh copy
 # in calls of one or two nodes. Replayed (tools/replay.py, 45 prompts, four machines' costs), 0.75 and 0.85 gained
 # 0.1-2.0% on each table, new code and prose unchanged; 0.8 and 0.9 no more.
 _PRIORS = (0.15, 0.25, 0.35, 0.45, 0.55, 0.75, 0.85)
-PRIOR_RATE = _PRIORS + _PRIORS + (0.55,)
-THIS_TEXT = tuple(range(len(BUCKET_STARTS))) + (len(BUCKET_LABELS) - 1,)   # buckets a generation starts afresh
+# A substitution made once is made again at its next use about two times in five: replaying the bench's 53 recorded
+# answers, 6 of 15 first uses were made, 8 made in part or not at all, one undone (the old tokens written).
+PRIOR_RATE = _PRIORS + _PRIORS + (0.55, 0.4)
+THIS_TEXT = tuple(range(len(BUCKET_STARTS))) + (len(BUCKET_LABELS) - 2, len(BUCKET_LABELS) - 1)   # started afresh
 PRIOR_WEIGHT = 4.0      # the prior counts as this many observations
 DECAY = 0.995
 KAPPA = 1.0             # pseudo-occurrences of an unseen continuation behind every raw estimate
@@ -50,14 +55,16 @@ MAX_PROB = 0.98         # no memory guess is certain
 
 def key(match: int, remembered: bool = False) -> int:
     """The statistics key of a node with ``match`` tokens of agreement behind it: the length itself in the text at
-    hand, ``-1 - match`` (below ``RESUMED``) in a remembered text."""
-    return -1 - max(match, 1) if remembered else match
+    hand, ``-1 - match`` (below ``RESUMED``) in a remembered text (lengths below 1 count as 1)."""
+    return -1 - max(match, 1) if remembered else max(match, 1)
 
 
 def bucket(stats_key: int) -> int:
-    """Index of the bucket of a statistics key (:func:`key`; lengths below 1 count as 1)."""
-    if stats_key == RESUMED:
+    """Index of the bucket of a statistics key (:func:`key`, ``RESUMED`` or ``EDITED``)."""
+    if stats_key == EDITED:
         return len(BUCKET_LABELS) - 1
+    if stats_key == RESUMED:
+        return len(BUCKET_LABELS) - 2
     if stats_key < RESUMED:
         return len(BUCKET_STARTS) + bisect_right(BUCKET_STARTS, -1 - stats_key) - 1
     return bisect_right(BUCKET_STARTS, max(stats_key, 1)) - 1
@@ -65,9 +72,10 @@ def bucket(stats_key: int) -> int:
 
 def shorter_copies(b: int) -> range:
     """The buckets of the same kind of text as bucket ``b`` (the text at hand, or a remembered one) from matches of
-    two tokens up to just below ``b``'s; for the ``RESUMED`` bucket, all of the text at hand's from two tokens up."""
+    two tokens up to just below ``b``'s; for the ``RESUMED`` and ``EDITED`` buckets, all of the text at hand's from two
+    tokens up."""
     n = len(BUCKET_STARTS)
-    if b == bucket(RESUMED):
+    if b in (bucket(RESUMED), bucket(EDITED)):
         return range(1, n)
     return range(n + 1, b) if b >= n else range(1, b)
 
@@ -125,14 +133,15 @@ class MemoryStats:
 
     @classmethod
     def from_dict(cls, data: dict) -> "MemoryStats":
-        """Raises ValueError when ``data`` is not what :meth:`to_dict` writes. A file written before the ``RESUMED``
-        bucket or the remembered texts' buckets existed gets them empty."""
+        """Raises ValueError when ``data`` is not what :meth:`to_dict` writes. A file written before the ``RESUMED``,
+        ``EDITED`` or remembered texts' buckets existed gets them empty."""
         try:
             lists = [[float(v) for v in data[name]] for name in ("tested", "accepted", "predicted")]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"memory statistics are malformed: {exc}") from None
         n = len(BUCKET_STARTS)
-        older = {n: lambda v: v + [0.0] * (n + 1), n + 1: lambda v: v[:n] + [0.0] * n + v[n:]}
+        older = {n: lambda v: v + [0.0] * (n + 2), n + 1: lambda v: v[:n] + [0.0] * n + v[n:] + [0.0],
+                 2 * n + 1: lambda v: v + [0.0]}
         lists = [older[len(v)](v) if len(v) in older else v for v in lists]
         if any(len(v) != len(BUCKET_LABELS) or not all(math.isfinite(x) and x >= 0 for x in v) for v in lists):
             raise ValueError("memory statistics have the wrong number of buckets or negative counts")

@@ -6,10 +6,14 @@ such a break closes (the text copies the same source again a few tokens later), 
 (``old``) and the ones written instead (``new``) are a substitution; from then on the copy's continuations carry
 ``new`` wherever the source has ``old``, so one draft runs through the next use of the new name.
 
-A substitution is forgotten as soon as the text, having followed a continuation that carries it up to it, writes
-something else there: the old tokens (a rename in one function only) or others (values that change from line to line,
-which look like a substitution once and never again). Substitutions are drafts like any other: the target verifies
-every token, so a wrong one costs a rejected node, never a wrong output.
+When the text, having followed a continuation that carries a substitution up to it, writes something else there,
+the substitution is judged by what it wrote. The old tokens (a rename in one function only): it is forgotten. Other
+tokens: the edit is made each time but not the same way (``return None`` became ``raise ValueError("Invalid port
+number")``, then ``raise ValueError("Port number out of range")``): what both wrote, ``raise ValueError("``, is kept
+as an *open* substitution, after which a continuation ends, since the text there is new each time. Nothing in common
+(values that change from line to line) leaves an open substitution of no tokens: continuations end before the old
+ones, where the copy breaks off every time, instead of drafting them to be rejected. Substitutions are drafts like
+any other: the target verifies every token, so a wrong one costs a rejected node, never a wrong output.
 """
 from __future__ import annotations
 
@@ -22,11 +26,13 @@ MAX_KEPT = 16           # substitutions kept, the latest learnt
 
 
 class Substitutions:
-    """The substitutions learnt in one text: ``old`` tokens -> ``new`` tokens, each with where it was learnt."""
+    """The substitutions learnt in one text: ``old`` tokens -> ``new`` tokens, and which of them are open."""
 
     def __init__(self) -> None:
         self._new: dict[tuple[int, ...], tuple[int, ...]] = {}
-        # continuations that carried a substitution: (context length, tokens up to and including its new, old)
+        self._open: set[tuple[int, ...]] = set()       # olds whose ``new`` is what the text wrote first, then varied
+        self._made: dict[tuple[int, ...], int] = {}    # old -> times the text was seen making it
+        # continuations that carried a substitution: (context length, their tokens before it, its old)
         self._checks: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
 
     def __len__(self) -> int:
@@ -61,58 +67,96 @@ class Substitutions:
                 return
         if not old or not new or old == new or len(old) > MAX_TOKENS or len(new) > MAX_TOKENS:
             return
-        self._new.pop(old, None)     # re-learnt: the latest
-        self._new[old] = new
+        if old in self._open and new[:len(self._new[old])] == self._new[old]:
+            self._made[old] += 1     # made again the way it varies: the open start stays what is known
+        elif self._new.get(old) == new and old not in self._open:
+            self._made[old] += 1
+        else:
+            self._keep(old, new, False)
+
+    def _keep(self, old: tuple[int, ...], new: tuple[int, ...], open_: bool) -> None:
+        made = self._made.get(old, 1)
+        self._forget(old)            # re-learnt: the latest
+        self._new[old], self._made[old] = new, made
+        if open_:
+            self._open.add(old)
         while len(self._new) > MAX_KEPT:
-            del self._new[next(iter(self._new))]
+            self._forget(next(iter(self._new)))
+
+    def _forget(self, old: tuple[int, ...]) -> None:
+        self._new.pop(old, None)
+        self._made.pop(old, None)
+        self._open.discard(old)
+
+    def proven(self, old: tuple[int, ...]) -> bool:
+        """Whether the text made this substitution more than the once it was learnt from: a change made once may
+        be an insertion the text never repeats (``):`` -> ``, encoding="utf-8"):`` in one function)."""
+        return self._made.get(tuple(old), 0) > 1
 
     def check(self, tokens: np.ndarray) -> None:
-        """Judge the substitutions the last continuations carried by what the text ``tokens`` then wrote: one that
-        the text reached and did not write is forgotten. Checks the text has not reached yet are dropped (the next
-        continuations carry them again)."""
-        for at, expected, old in self._checks:
-            if old not in self._new or len(tokens) < at + len(expected):
+        """Judge the substitutions the last continuations carried by what the text ``tokens`` then wrote where it
+        followed them up to one (see the module's docstring), as soon as it wrote enough to tell. Checks the text
+        has not decided yet are dropped (the next continuations carry them again)."""
+        for at, lead, old in self._checks:
+            new = self._new.get(old)
+            start = at + len(lead)
+            if new is None or tuple(tokens[at:start].tolist()) != lead:
+                continue        # not reached, or the text left the continuation before it: no evidence
+            written = tuple(tokens[start:start + max(len(new), len(old))].tolist())
+            same = next((i for i, (w, t) in enumerate(zip(written, new)) if w != t), None)
+            if same is None and new:
+                self._made[old] += len(written) >= len(new)     # made (or, so far, being made)
                 continue
-            written = tokens[at:at + len(expected)].tolist()
-            lead = len(expected) - len(self._new[old])
-            if written[:lead] == list(expected[:lead]) and written[lead:] != list(expected[lead:]):
-                del self._new[old]
+            if written[:len(old)] == old:
+                self._forget(old)
+            elif same is not None and old[:len(written)] != written:
+                self._keep(old, new[:same], True)
+                self._made[old] += same > 0     # its start was made again
         self._checks.clear()
 
     def made_at(self, tokens: np.ndarray, written: int, source: int) -> tuple[int, int] | None:
         """``(len(old), len(new))`` of a learnt substitution whose ``old`` starts at ``tokens[source]`` and whose
-        ``new`` was written at ``tokens[written]`` (the longest such ``old``); None when none was made there."""
+        ``new`` was written at ``tokens[written]`` (the longest such ``old``); None when none was made there. An open
+        substitution says only how such an edit starts, not where the copy goes on after it."""
         for old, new in sorted(self._new.items(), key=lambda item: len(item[0]), reverse=True):
-            if (tuple(tokens[source:source + len(old)].tolist()) == old
+            if old not in self._open and (tuple(tokens[source:source + len(old)].tolist()) == old
                     and tuple(tokens[written:written + len(new)].tolist()) == new):
                 return len(old), len(new)
         return None
 
     def applied(self, rows: np.ndarray, depth: int, at: int, guessed: bool = False) -> np.ndarray:
         """``rows`` (continuations after a context of ``at`` tokens, ``SEP`` where the text ended) with every learnt
-        ``old`` written as its ``new``, cut to ``depth`` tokens. Only rows holding the first token of some ``old``
-        are rewritten; each rewritten row's first substitution is checked at the next :meth:`check`, unless the rows
-        are ``guessed`` (where a copy may resume) and it is the row's first token: a guess the text did not take
-        says nothing about the substitution."""
+        ``old`` written as its ``new`` (and nothing after an open one), cut to ``depth`` tokens. Only rows holding the
+        first token of some ``old`` are rewritten; each rewritten row's first substitution is checked at the next
+        :meth:`check`, unless the rows are ``guessed`` (where a copy may resume) and it is the row's first token: a
+        guess the text did not take says nothing about the substitution."""
+        return self.edited(rows, depth, at, guessed)[0]
+
+    def edited(self, rows: np.ndarray, depth: int, at: int,
+               guessed: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`applied`'s rows, and where a substitution not yet :meth:`proven` starts its ``new`` in them (None:
+        nowhere): a guess about the edit rather than a copy."""
         if not self._new or not len(rows):
-            return rows[:, :depth]
+            return rows[:, :depth], None
         firsts = np.fromiter({old[0] for old in self._new}, np.int64)
         olds = sorted(self._new, key=len, reverse=True)     # the longest ``old`` that fits wins
         out = rows[:, :depth].copy()
+        starts = np.zeros(out.shape, bool)
         for i in np.flatnonzero(np.isin(rows, firsts).any(axis=1)):
-            row, first = self._rewrite(rows[i].tolist(), olds)
-            if first is not None and not (guessed and first[0] == 0):
-                self._checks.append((at, tuple(row[:first[0] + len(self._new[first[1]])]), first[1]))
+            row, made = self._rewrite(rows[i].tolist(), olds)
+            if made and not (guessed and made[0][0] == 0):
+                self._checks.append((at, tuple(row[:made[0][0]]), made[0][1]))
             row = row[:depth]
             out[i] = row + [SEP] * (depth - len(row))
-        return out
+            starts[i, [k for k, old in made if k < depth and self._new[old] and not self.proven(old)]] = True
+        return out, (starts if starts.any() else None)
 
     def _rewrite(self, row: list[int],
-                 olds: list[tuple[int, ...]]) -> tuple[list[int], tuple[int, tuple[int, ...]] | None]:
-        """The row rewritten with the first of ``olds`` that fits at each token, and where its first substitution
-        starts in it and which ``old`` it replaced."""
+                 olds: list[tuple[int, ...]]) -> tuple[list[int], list[tuple[int, tuple[int, ...]]]]:
+        """The row rewritten with the first of ``olds`` that fits at each token, up to an open one's ``new``, and
+        where each substitution starts in it and which ``old`` it replaced."""
         out: list[int] = []
-        first = None
+        made: list[tuple[int, tuple[int, ...]]] = []
         k = 0
         while k < len(row) and row[k] != SEP:
             old = next((o for o in olds if tuple(row[k:k + len(o)]) == o), None)
@@ -120,7 +164,9 @@ class Substitutions:
                 out.append(row[k])
                 k += 1
             else:
-                first = first or (len(out), old)
+                made.append((len(out), old))
                 out.extend(self._new[old])
+                if old in self._open:
+                    break
                 k += len(old)
-        return out, first
+        return out, made
