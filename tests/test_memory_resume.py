@@ -8,7 +8,7 @@ import torch
 
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
-from core.memory import Memory, MemoryDrafter
+from core.memory import Memory, MemoryDrafter, SuffixMemory
 from core.memory.index import LiveIndex
 from core.memory.resume import ANCHOR_MATCH, MAX_GAP, MAX_KEPT_GAP, CopyAnchor
 from core.memory.stats import EDITED, RESUMED, MemoryStats, bucket, key
@@ -128,21 +128,73 @@ def test_the_second_step_after_an_edit_is_a_resumed_tree() -> None:
     assert drafter.last_proposal.resumed and len(drafter.last_proposal.tree.children(-1)) >= 3
 
 
+def copying(where: str, depth: int) -> tuple[Memory, list[int]]:
+    """A memory strategy of 6 nodes ``depth`` deep and a prompt that ends copying ``1 2 3 4`` of ``1 .. 7``: of
+    the prompt itself (``live``), or of a remembered answer that is not in the prompt (``remembered``, as when an
+    answer is regenerated)."""
+    if where == "live":
+        return Memory(6, depth, min_match=1), COPYING
+    memory = SuffixMemory("copied")
+    memory.add_document([1, 2, 3, 4, 5, 6, 7])
+    return Memory(6, depth, min_match=1).attached(memory), [0, 1, 2, 3, 4]
+
+
+WHERE = ("live", "remembered")
+
+
+def test_a_remembered_copy_that_breaks_off_is_resumed_and_its_edit_learnt() -> None:
+    memory = SuffixMemory("earlier")
+    memory.add_document(list(range(1, 12)))               # an earlier answer, not in the prompt
+    drafter = Memory(6, 4, min_match=1).attached(memory).make_drafter(None, GREEDY, None)
+    context = [0, 1, 2, 3, 4]
+    drafter.start(context)
+    assert drafter.draft(context, 4, 6).tokens[:1] == [5]
+    context += [50]                                         # 50 written where the earlier answer had 5
+    drafter.draft(context, 4, 6)
+    proposal = drafter.last_proposal
+    assert proposal.resumed, "guessed from the remembered text: the live one has no copy of it"
+    best = max(range(len(proposal.tree)), key=lambda j: proposal.path_probs[j] if proposal.tree.parents[j] < 0 else 0)
+    assert proposal.tree.tokens[best] == 6, "resumed as many tokens on"
+    context += [6, 7, 8, 9]                                 # the copy found again
+    drafter.draft(context, 4, 6)
+    assert (5,) in drafter.substitutions, "what the regenerated answer changed is an edit learnt"
+
+
+def test_a_regenerated_answer_edited_from_the_earlier_one_is_drafted_across_its_edits() -> None:
+    source = list(range(10, 50))
+    # the earlier answer is remembered, not in the prompt
+    target, prompt = edited_copy_target(source, {8: [60], 20: [61, 62], 31: [63]}, 64, prompt=[0])
+    expected = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(prompt, 40).tokens
+    calls = {}
+    for name, resume in (("resumed", True), ("suffix only", False)):
+        memory = SuffixMemory("earlier")
+        memory.add_document(source)
+        strategy = Memory(8, 8, resume=resume).attached(memory)
+        result = SpeculativeEngine(target, None, strategy, GREEDY).generate(prompt, 40)
+        assert result.tokens == expected, name
+        calls[name] = result.stats.target_calls
+    assert calls["resumed"] < calls["suffix only"], calls
+
+
+@pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9),
                                     SamplingParams(temperature=1.3, top_k=3)], ids=["t1", "t0.7-p0.9", "t1.3-k3"])
-def test_sampled_joint_distribution_is_exact_with_resumed_trees(params) -> None:
+def test_sampled_joint_distribution_is_exact_with_resumed_trees(params, where) -> None:
     vocab = 9
     target = TableBackend(random_table(vocab, seed=4), vocab, "target")
-    got, expected = first_two_tokens_exact(target, None, Memory(6, 1, min_match=1), params, COPYING)
+    strategy, prompt = copying(where, 1)
+    got, expected = first_two_tokens_exact(target, None, strategy, params, prompt)
     assert float((got - expected).abs().max()) < 1e-9
 
 
-def edited_copy_target(source: list[int], edits: dict[int, list[int]], vocab: int) -> tuple[TableBackend, list[int]]:
-    """A target that writes ``source`` again with ``edits`` (position -> replacement tokens), then repeats it."""
+def edited_copy_target(source: list[int], edits: dict[int, list[int]], vocab: int,
+                       prompt: list[int] | None = None) -> tuple[TableBackend, list[int]]:
+    """A target that writes ``source`` again with ``edits`` (position -> replacement tokens), then repeats it, after
+    ``prompt`` (by default ``source`` itself and a 0)."""
     text = []
     for i, t in enumerate(source):
         text += edits.get(i, [t])
-    prompt = source + [0]
+    prompt = source + [0] if prompt is None else prompt
 
     def table(ctx: tuple) -> torch.Tensor:
         written = len(ctx) - len(prompt)
@@ -183,15 +235,15 @@ def test_greedy_identical_to_baseline_on_edited_prompts() -> None:
 
 
 @pytest.mark.slow
-def test_chi_square_first_two_tokens_with_resumed_trees() -> None:
+@pytest.mark.parametrize("where", WHERE)
+def test_chi_square_first_two_tokens_with_resumed_trees(where) -> None:
     from tests.chi_square import ALPHA, N, chi_square_p, exact_joint, sampled_joint, tiny_target
 
-    prompt = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4]
     target = tiny_target()
     params = SamplingParams(temperature=1.0)
-    strategy = Memory(6, 2, min_match=1)
+    strategy, prompt = copying(where, 2)
     joint = exact_joint(target, params, prompt)
     assert float(joint[5].sum()) < 0.5, "the target mostly leaves the copy here, so the second step is resumed"
     p = chi_square_p(sampled_joint(target, None, strategy, params, prompt), joint)
-    print(f"\nchi-square resumed memory trees T=1.0: p = {p:.4f} (N={N})")
+    print(f"\nchi-square resumed memory trees ({where}) T=1.0: p = {p:.4f} (N={N})")
     assert p > ALPHA

@@ -21,7 +21,7 @@ import numpy as np
 from core.backends.base import Backend
 from core.drafting import DrafterBase, StaticStrategy
 from core.memory.documents import SuffixMemory
-from core.memory.index import MAX_MATCH, LiveIndex
+from core.memory.index import MAX_MATCH, CorpusIndex, LiveIndex
 from core.memory.proposal import MemoryProposal, best_first
 from core.memory.resume import ANCHOR_MATCH, CopyAnchor
 from core.memory.stats import RESUMED, MemoryStats
@@ -71,6 +71,7 @@ class MemoryDrafter(DrafterBase):
         self._own_stats = MemoryStats() if memory is None else None
         self.live = LiveIndex()
         self.anchor = CopyAnchor()
+        self.recalled = CopyAnchor(remembered=True)     # a remembered text the live one copies
         self.substitutions = Substitutions()
         self.note = ""
         self._last: MemoryProposal | None = None
@@ -89,6 +90,7 @@ class MemoryDrafter(DrafterBase):
         self.stats.forget_this_text()
         self.live = LiveIndex(prompt)
         self.anchor = CopyAnchor()
+        self.recalled = CopyAnchor(remembered=True)
         self.substitutions = Substitutions()
         self._last = None
         self.note = ""
@@ -105,63 +107,112 @@ class MemoryDrafter(DrafterBase):
         mem_match, mem_ends = state.index.longest(self.live.suffix()) if state is not None else (0, live_ends[:0])
         match = max(live_match, mem_match)
         depth = min(max_depth, MAX_DEPTH)
-        through = self.anchor.through(self.live, self.substitutions) if self.resume else None
-        if through is not None and through[0] > match:     # the copy, followed through its edits, agrees longer
-            self.substitutions.check(self.live.tokens())
-            agreed, source = through
-            rows, edits = self._live_rows(np.array([source], np.int64), depth)
-            self._last = replace(best_first(rows, np.ones(1), np.full(1, -1, np.int64), min(agreed, MAX_MATCH),
-                                            self.stats, max_nodes, max_depth, least_first=least_first, edits=edits),
-                                 substituted=True)
-            return self._last
-        self._learn_edits(live_match, live_ends)
-        if self.resume and match < ANCHOR_MATCH:
-            ends, weights = self.anchor.resumptions(self.live)
-            if len(ends):
-                rows, edits = self._live_rows(ends, depth, guessed=True)
-                found = best_first(rows, weights, np.full(len(ends), -1, np.int64),
-                                   ANCHOR_MATCH, self.stats, max_nodes, max_depth, RESUMED, least_first, edits=edits)
-                self._last = replace(found, match=match, resumed=True, substituted=edits is not None)
+        if self.resume:
+            self._last = self._followed(match, depth, state, max_nodes, max_depth, least_first)
+            if self._last is not None:
                 return self._last
+            self._learn_edits(live_match, live_ends, mem_match, mem_ends, state)
+            if match < ANCHOR_MATCH:
+                self._last = self._resumed(match, depth, state, max_nodes, max_depth, least_first)
+                if self._last is not None:
+                    return self._last
         if match < max(min_match, 1):
             self._last = MemoryProposal(TokenTree(), match)
             return self._last
-        rows, documents, edits = [], [], None
+        rows, documents, edits = [], [], []
         if live_match == match:
             ends = live_ends[::-1][:MAX_OCCURRENCES]          # latest first
-            live_rows, edits = self._live_rows(ends, depth)
-            rows.append(live_rows)
+            found_rows, found_edits = self._rows(self.live, ends, depth)
+            rows.append(found_rows)
+            edits.append(found_edits)
             documents.append(np.full(len(ends), -1, np.int64))
         if mem_match == match:
             ends, uids = state.recent(mem_ends, MAX_OCCURRENCES - sum(len(r) for r in rows))
-            rows.append(state.index.continuations(ends, depth))
+            found_rows, found_edits = self._rows(state.index, ends, depth)
+            rows.append(found_rows)
+            edits.append(found_edits)
             documents.append(uids)
-        together = np.concatenate(rows) if len(rows) > 1 else rows[0]
-        if edits is not None and len(together) > len(edits):
-            edits = np.concatenate([edits, np.zeros((len(together) - len(edits), edits.shape[1]), bool)])
-        found = best_first(together, _RECENCY[:len(together)],
-                           np.concatenate(documents) if len(documents) > 1 else documents[0], match,
-                           self.stats, max_nodes, max_depth, least_first=least_first, remembered=live_match < match,
-                           edits=edits)
-        self._last = replace(found, substituted=True) if edits is not None else found
+        self._last = self._tree(rows, None, documents, edits, match, max_nodes, max_depth, least_first,
+                                remembered=live_match < match)
         return self._last
 
-    def _learn_edits(self, match: int, ends: np.ndarray) -> None:
-        """Follow the copy; an edit closed by finding it again becomes a substitution, and one the text did not make
-        where it was carried is forgotten."""
-        edit = self.anchor.follow(self.live, match, ends)
-        if not self.resume:
-            return
-        self.substitutions.check(self.live.tokens())
-        if edit is not None:
-            self.substitutions.learn(*edit)
+    def _followed(self, match: int, depth: int, state, max_nodes: int, max_depth: int,
+                  least_first: Callable[[int], float] | None) -> MemoryProposal | None:
+        """The tree of the copy followed through its edits (the live text's copy first, then a remembered text's),
+        when it agrees longer than any suffix match; None otherwise."""
+        for anchor in (self.anchor, self.recalled):
+            through = anchor.through(self.live, self.substitutions)
+            if through is not None and through[0] > match:     # the copy, followed through its edits, agrees longer
+                self.substitutions.check(self.live.tokens())
+                agreed, source = through
+                ends = np.array([source], np.int64)
+                rows, edits = self._rows(anchor.source(self.live), ends, depth)
+                found = self._tree([rows], None, [self._documents(anchor, ends, state)], [edits],
+                                   min(agreed, MAX_MATCH), max_nodes, max_depth, least_first, anchor.remembered)
+                return replace(found, substituted=True)
+        return None
 
-    def _live_rows(self, ends: np.ndarray, depth: int, guessed: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-        """The continuations of this text after ``ends`` (``guessed``: where the copy may resume), with the
+    def _learn_edits(self, live_match: int, live_ends: np.ndarray, mem_match: int, mem_ends: np.ndarray,
+                     state) -> None:
+        """Follow the copies, of the live text and of a remembered one; an edit closed by finding one again becomes
+        a substitution, and one the text did not make where it was carried is judged (core.memory.substitutions)."""
+        self.substitutions.check(self.live.tokens())
+        edits = [self.anchor.follow(self.live, live_match, live_ends)]
+        if state is not None:
+            edits.append(self.recalled.follow(self.live, mem_match, np.sort(mem_ends), state.index))
+        for edit in edits:
+            if edit is not None:
+                self.substitutions.learn(*edit)
+
+    def _resumed(self, match: int, depth: int, state, max_nodes: int, max_depth: int,
+                 least_first: Callable[[int], float] | None) -> MemoryProposal | None:
+        """The tree of guesses where a broken-off copy resumes (of the live text, of a remembered one, or both);
+        None when no copy is being followed."""
+        rows, weights, documents, edits = [], [], [], []
+        for anchor in (self.anchor, self.recalled):
+            ends, guessed = anchor.resumptions(self.live)
+            if len(ends):
+                found_rows, found_edits = self._rows(anchor.source(self.live), ends, depth, guessed=True)
+                rows.append(found_rows)
+                weights.append(guessed)
+                edits.append(found_edits)
+                documents.append(self._documents(anchor, ends, state))
+        if not rows:
+            return None
+        found = self._tree(rows, np.concatenate(weights), documents, edits, ANCHOR_MATCH, max_nodes, max_depth,
+                           least_first, first_match=RESUMED)
+        return replace(found, match=match, resumed=True)
+
+    def _tree(self, rows: list[np.ndarray], weights: np.ndarray | None, documents: list[np.ndarray],
+              edits: list[np.ndarray | None], match: int, max_nodes: int, max_depth: int,
+              least_first: Callable[[int], float] | None, remembered: bool = False,
+              first_match: int | None = None) -> MemoryProposal:
+        """:func:`best_first` over the continuations of several sources (weighted by recency unless ``weights``),
+        marked as carrying an edit where any of them does."""
+        together = np.concatenate(rows) if len(rows) > 1 else rows[0]
+        if all(e is None for e in edits):
+            marks = None
+        else:
+            marks = np.concatenate([e if e is not None else np.zeros(r.shape, bool) for r, e in zip(rows, edits)])
+        found = best_first(together, _RECENCY[:len(together)] if weights is None else weights,
+                           np.concatenate(documents), match, self.stats, max_nodes, max_depth, first_match,
+                           least_first, remembered, marks)
+        return replace(found, substituted=True) if marks is not None else found
+
+    def _documents(self, anchor: CopyAnchor, ends: np.ndarray, state) -> np.ndarray:
+        """The remembered document of each of a copy's source positions (-1: the live text, or a memory that has
+        changed since the anchor was set)."""
+        if not anchor.remembered or state is None or anchor.index is not state.index:
+            return np.full(len(ends), -1, np.int64)
+        return state.uids[state.index.document_of(ends)].astype(np.int64)
+
+    def _rows(self, source: LiveIndex | CorpusIndex, ends: np.ndarray, depth: int,
+              guessed: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """The continuations in ``source`` after ``ends`` (``guessed``: where a copy may resume), with the
         substitutions learnt applied, and where their new tokens start (None: no substitution applied)."""
         if not len(self.substitutions):
-            return self.live.continuations(ends, depth), None
-        copied = self.live.continuations(ends, depth + self.substitutions.widest)
+            return source.continuations(ends, depth), None
+        copied = source.continuations(ends, depth + self.substitutions.widest)
         return self.substitutions.edited(copied, depth, len(self.live), guessed)
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
@@ -171,7 +222,7 @@ class MemoryDrafter(DrafterBase):
                          if proposal.match < self.min_match else "memory: nothing to draft")
             return proposal.tree
         if proposal.resumed:
-            self.note = (f"memory: {_plural(len(proposal.tree), 'node')} guessing where the copy of this text resumes "
+            self.note = (f"memory: {_plural(len(proposal.tree), 'node')} guessing where a copy resumes "
                          f"after an edit{proposal.edit_note}")
             return proposal.tree
         remembered = len({d for d in proposal.row_documents if d >= 0})

@@ -10,12 +10,15 @@ one row of continuations weighted by how likely its shift is; :func:`core.memory
 rows into a tree, and memory's statistics learn in a bucket of their own (``RESUMED``) how often a guess is right.
 When the copy is found again, the anchor says what the edit was (core.memory.substitutions applies it again), and
 from then on it follows the copy through the edits learnt (:meth:`CopyAnchor.through`).
+
+The source is the live text itself (an edit of given code, a follow-up changing an earlier answer) or a remembered
+one (a regenerated answer copying the earlier answer, which is not in the context): the same edits break both.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from core.memory.index import LiveIndex
+from core.memory.index import SEP, CorpusIndex, LiveIndex
 from core.memory.substitutions import MAX_TOKENS, Substitutions
 
 ANCHOR_MATCH = 4        # a match this long is a copy worth following
@@ -27,17 +30,32 @@ INSERTION_WEIGHT = 0.5  # the copy resumes where it stopped: the new tokens were
 
 
 class CopyAnchor:
-    """Where the live text last copied an earlier part of itself: ``(n, source)``, context token ``n - 1`` being a
-    copy of context token ``source``, with ``agreed`` tokens of agreement behind it (edits it learnt counted)."""
+    """Where the live text last copied a source: ``(n, source)``, context token ``n - 1`` being a copy of source token
+    ``source``, with ``agreed`` tokens of agreement behind it (edits it learnt counted). The source is the live text
+    itself, or, for an anchor made ``remembered``, the remembered texts (:attr:`index`) its last match was found in."""
 
-    def __init__(self) -> None:
+    def __init__(self, remembered: bool = False) -> None:
+        self.remembered = remembered
+        self.index: CorpusIndex | None = None   # a remembered anchor's source
         self.at: tuple[int, int] | None = None
         self.agreed = 0
         self.edited = False     # the copy went through a learnt edit since the suffix match last anchored it
 
+    def _source(self, tokens: np.ndarray) -> tuple[np.ndarray, int]:
+        """The source text, and where a copy in it must stop: the live text's copy of itself stays before the
+        anchor, a remembered one ends at its document's end (a separator, which no token equals)."""
+        if self.remembered:
+            return self.index.text, len(self.index.text)
+        return tokens, self.at[0]
+
+    def source(self, live: LiveIndex) -> LiveIndex | CorpusIndex:
+        """The index whose ``continuations`` read the source after the positions :meth:`resumptions` and
+        :meth:`through` give."""
+        return self.index if self.remembered else live
+
     def through(self, live: LiveIndex, substitutions: Substitutions) -> tuple[int, int] | None:
         """``(agreed, source)`` when the text since the anchor copies its source up to the last token with the edits
-        learnt so far made, at least one of them: the copy goes on after context token ``source``, ``agreed`` tokens
+        learnt so far made, at least one of them: the copy goes on after source token ``source``, ``agreed`` tokens
         of agreement behind it. The anchor moves there. None otherwise (the copy broke off, or nothing was
         substituted: the plain suffix match sees that copy itself).
 
@@ -48,26 +66,29 @@ class CopyAnchor:
             return None
         tokens = live.tokens()
         n, source = self.at
+        text, bound = self._source(tokens)
         i, j, made = n, source + 1, self.edited
         while i < len(tokens):
-            if j < n and tokens[i] == tokens[j]:
+            if j < bound and tokens[i] == text[j]:
                 i, j = i + 1, j + 1
                 continue
-            edit = substitutions.made_at(tokens, i, j)
-            if edit is None or j + edit[0] > n:
+            edit = substitutions.made_at(tokens, i, text, j)
+            if edit is None or j + edit[0] > bound:
                 return None
             j, i, made = j + edit[0], i + edit[1], True
-        if not made or i != len(tokens) or j >= len(tokens) - 1:
+        if not made or i != len(tokens) or j >= len(text) - 1:
             return None
         self.agreed += len(tokens) - n
         self.at, self.edited = (len(tokens), j - 1), True
         return self.agreed, j - 1
 
-    def follow(self, live: LiveIndex, match: int, ends: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """After a lookup in ``live``: a match of ``ANCHOR_MATCH`` tokens or more re-anchors at one of its
-        occurrences: the one nearest to where the anchored copy would be had it copied every token written since,
-        else (no anchor, or a tie) the latest. A line that repeats in the source (``x = 0`` twice) must not be taken
-        for the copy resuming further on: the edit would then swallow the source between them.
+    def follow(self, live: LiveIndex, match: int, ends: np.ndarray,
+               index: CorpusIndex | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """After a lookup: a match of ``ANCHOR_MATCH`` tokens or more re-anchors at one of its occurrences ``ends``
+        (in the live text, or for a remembered anchor in the remembered texts' ``index``): the one nearest to where the anchored copy would be
+        had it copied every token written since, else (no anchor, or a tie) the latest. A line that repeats in the
+        source (``x = 0`` twice) must not be taken for the copy resuming further on: the edit would then swallow the
+        source between them.
 
         Returns the edit this closes, ``(old, new)``: where the anchored copy broke off, the source's tokens up to
         where the copy resumed and the tokens written instead; None when the copy did not break, resumed elsewhere
@@ -75,6 +96,8 @@ class CopyAnchor:
         """
         if match < ANCHOR_MATCH or not len(ends):
             return None
+        if self.remembered and index is not self.index:
+            self.index, self.at = index, None       # the memory changed: positions in the old one mean nothing
         n = len(live)
         if self.at is None:
             source = int(ends[-1])
@@ -87,16 +110,17 @@ class CopyAnchor:
 
     def _closed_edit(self, tokens: np.ndarray, n: int, source: int, match: int):
         at, copied = self.at
-        agreed = _agreed(tokens, at, copied + 1, n - at)
+        text, _ = self._source(tokens)
+        agreed = _agreed(tokens, at, text, copied + 1, n - at)
         broke, skipped = at + agreed, copied + 1 + agreed      # first token written / source token not copied
         resumed, resumed_source = n - match, source - match + 1
         if broke >= n or resumed < broke or resumed_source <= skipped:
             return None
-        return tuple(tokens[skipped:resumed_source].tolist()), tuple(tokens[broke:resumed].tolist())
+        return tuple(text[skipped:resumed_source].tolist()), tuple(tokens[broke:resumed].tolist())
 
     def resumptions(self, live: LiveIndex) -> tuple[np.ndarray, np.ndarray]:
-        """(ends, weights): the positions after which the copy may resume, as ``LiveIndex`` ends (the token before
-        the resumed one), and each guess's weight; empty when there is no anchor or the gap grew too long to guess.
+        """(ends, weights): the source positions after which the copy may resume (:meth:`source` reads them),
+        and each guess's weight; empty when there is no anchor or the gap grew too long to guess.
 
         The anchor outlives the guesses: ``raise ValueError("Invalid port number")`` written for ``return None`` is
         seven new tokens, and the copy is found again only once ``ANCHOR_MATCH`` more agree, so an anchor dropped
@@ -106,7 +130,8 @@ class CopyAnchor:
             return none
         n, source = self.at
         tokens = live.tokens()
-        agreed = _agreed(tokens, n, source + 1, len(tokens) - n)
+        text, _ = self._source(tokens)
+        agreed = _agreed(tokens, n, text, source + 1, len(tokens) - n)
         gap = len(tokens) - n - agreed
         if gap > MAX_KEPT_GAP:
             self.at = None
@@ -119,14 +144,14 @@ class CopyAnchor:
             if skip >= 0:
                 guesses[stopped + skip] = guesses.get(stopped + skip, 0.0) + weight
         guesses[stopped] = max(guesses.get(stopped, 0.0), INSERTION_WEIGHT)   # already a guess after one new token
-        ends = [e for e in guesses if e < len(tokens) - 1]   # the resumed token must exist
+        ends = [e for e in guesses if e < len(text) - 1 and text[e + 1] != SEP]   # the resumed token must exist
         return np.asarray(ends, np.int64), np.asarray([guesses[e] for e in ends])
 
 
-def _agreed(tokens: np.ndarray, at: int, source: int, limit: int) -> int:
-    """How many tokens from ``tokens[at]`` on repeat those from ``tokens[source]`` on (at most ``limit``)."""
-    width = min(limit, len(tokens) - source)
+def _agreed(tokens: np.ndarray, at: int, text: np.ndarray, source: int, limit: int) -> int:
+    """How many tokens from ``tokens[at]`` on repeat those from ``text[source]`` on (at most ``limit``)."""
+    width = min(limit, len(text) - source, len(tokens) - at)
     if width <= 0:
         return 0
-    differ = np.flatnonzero(tokens[at:at + width] != tokens[source:source + width])
+    differ = np.flatnonzero(tokens[at:at + width] != text[source:source + width])
     return int(differ[0]) if len(differ) else width

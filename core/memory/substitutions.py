@@ -114,12 +114,12 @@ class Substitutions:
                 self._made[old] += same > 0     # its start was made again
         self._checks.clear()
 
-    def made_at(self, tokens: np.ndarray, written: int, source: int) -> tuple[int, int] | None:
-        """``(len(old), len(new))`` of a learnt substitution whose ``old`` starts at ``tokens[source]`` and whose
-        ``new`` was written at ``tokens[written]`` (the longest such ``old``); None when none was made there. An open
-        substitution says only how such an edit starts, not where the copy goes on after it."""
+    def made_at(self, tokens: np.ndarray, written: int, text: np.ndarray, source: int) -> tuple[int, int] | None:
+        """``(len(old), len(new))`` of a learnt substitution whose ``old`` starts at ``text[source]`` (the copy's
+        source) and whose ``new`` was written at ``tokens[written]`` (the longest such ``old``); None when none was
+        made there. An open substitution says only how such an edit starts, not where the copy goes on after it."""
         for old, new in sorted(self._new.items(), key=lambda item: len(item[0]), reverse=True):
-            if old not in self._open and (tuple(tokens[source:source + len(old)].tolist()) == old
+            if old not in self._open and (tuple(text[source:source + len(old)].tolist()) == old
                     and tuple(tokens[written:written + len(new)].tolist()) == new):
                 return len(old), len(new)
         return None
