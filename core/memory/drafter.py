@@ -20,7 +20,7 @@ import numpy as np
 
 from core.backends.base import Backend
 from core.drafting import DrafterBase, StaticStrategy
-from core.memory.documents import SuffixMemory
+from core.memory.documents import MemoryState, SuffixMemory
 from core.memory.index import MAX_MATCH, CorpusIndex, LiveIndex
 from core.memory.proposal import MemoryProposal, best_first
 from core.memory.resume import ANCHOR_MATCH, CopyAnchor
@@ -136,7 +136,7 @@ class MemoryDrafter(DrafterBase):
                                 remembered=live_match < match)
         return self._last
 
-    def _followed(self, match: int, depth: int, state, max_nodes: int, max_depth: int,
+    def _followed(self, match: int, depth: int, state: MemoryState | None, max_nodes: int, max_depth: int,
                   least_first: Callable[[int], float] | None) -> MemoryProposal | None:
         """The tree of the copy followed through its edits (the live text's copy first, then a remembered text's),
         when it agrees longer than any suffix match; None otherwise."""
@@ -153,18 +153,18 @@ class MemoryDrafter(DrafterBase):
         return None
 
     def _learn_edits(self, live_match: int, live_ends: np.ndarray, mem_match: int, mem_ends: np.ndarray,
-                     state) -> None:
+                     state: MemoryState | None) -> None:
         """Follow the copies, of the live text and of a remembered one; an edit closed by finding one again becomes
         a substitution, and one the text did not make where it was carried is judged (core.memory.substitutions)."""
         self.substitutions.check(self.live.tokens())
         edits = [self.anchor.follow(self.live, live_match, live_ends)]
-        if state is not None:
+        if state is not None and mem_match >= ANCHOR_MATCH:
             edits.append(self.recalled.follow(self.live, mem_match, np.sort(mem_ends), state.index))
         for edit in edits:
             if edit is not None:
                 self.substitutions.learn(*edit)
 
-    def _resumed(self, match: int, depth: int, state, max_nodes: int, max_depth: int,
+    def _resumed(self, match: int, depth: int, state: MemoryState | None, max_nodes: int, max_depth: int,
                  least_first: Callable[[int], float] | None) -> MemoryProposal | None:
         """The tree of guesses where a broken-off copy resumes (of the live text, of a remembered one, or both);
         None when no copy is being followed."""
@@ -199,7 +199,7 @@ class MemoryDrafter(DrafterBase):
                            least_first, remembered, marks)
         return replace(found, substituted=True) if marks is not None else found
 
-    def _documents(self, anchor: CopyAnchor, ends: np.ndarray, state) -> np.ndarray:
+    def _documents(self, anchor: CopyAnchor, ends: np.ndarray, state: MemoryState | None) -> np.ndarray:
         """The remembered document of each of a copy's source positions (-1: the live text, or a memory that has
         changed since the anchor was set)."""
         if not anchor.remembered or state is None or anchor.index is not state.index:
