@@ -3,10 +3,11 @@ proposed as a token tree of the likeliest ones (SuffixDecoding's idea, with cali
 
 Each step the drafter finds the longest suffix of the context that occurred before, in the context itself (live)
 or in the :class:`SuffixMemory` attached, and builds the tree from what followed every occurrence of that length.
-Recent occurrences weigh more: the live text first, then the documents used most recently. Where a copy of the live
-text just broke off (an edit), the tree holds guesses of where it resumes instead (core.memory.resume), and once it
-has resumed, the edit is applied wherever the copy meets the same source tokens again (core.memory.substitutions),
-and the copy is followed through the edits it made where that agrees longer than any suffix match.
+Recent occurrences weigh more: the live text first, then the documents used most recently. Where a copy just broke
+off (an edit of the live text, or a regenerated answer leaving the remembered one), the tree holds guesses of where it
+resumes instead (core.memory.resume), and once it has resumed, the edit is applied wherever a copy meets the same
+source tokens again (core.memory.substitutions), and the copy is followed through the edits it made where that agrees
+longer than any suffix match.
 At the end of a generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts
 it next time.
 """
