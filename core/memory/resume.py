@@ -85,10 +85,10 @@ class CopyAnchor:
     def follow(self, live: LiveIndex, match: int, ends: np.ndarray,
                index: CorpusIndex | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """After a lookup: a match of ``ANCHOR_MATCH`` tokens or more re-anchors at one of its occurrences ``ends``
-        (in the live text, or for a remembered anchor in the remembered texts' ``index``): the one nearest to where the anchored copy would be
-        had it copied every token written since, else (no anchor, or a tie) the latest. A line that repeats in the
-        source (``x = 0`` twice) must not be taken for the copy resuming further on: the edit would then swallow the
-        source between them.
+        (in the live text, or for a remembered anchor in the remembered texts' ``index``): the one nearest to where
+        the anchored copy would be had it copied every token written since, else (no anchor, or a tie) the latest. A
+        line that repeats in the source (``x = 0`` twice) must not be taken for the copy resuming further on: the edit
+        would then swallow the source between them.
 
         Returns the edit this closes, ``(old, new)``: where the anchored copy broke off, the source's tokens up to
         where the copy resumed and the tokens written instead; None when the copy did not break, resumed elsewhere

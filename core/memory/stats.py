@@ -42,7 +42,7 @@ BUCKET_LABELS = _LENGTHS + tuple(f"remembered {n}" for n in _LENGTHS) + ("resume
 # in calls of one or two nodes. Replayed (tools/replay.py, 45 prompts, four machines' costs), 0.75 and 0.85 gained
 # 0.1-2.0% on each table, new code and prose unchanged; 0.8 and 0.9 no more.
 _PRIORS = (0.15, 0.25, 0.35, 0.45, 0.55, 0.75, 0.85)
-# A substitution made once is made again at its next use about two times in five: replaying the bench's 53 recorded
+# A substitution made once is made again at its next use about two times in five: replaying the bench's 69 recorded
 # answers, 6 of 15 first uses were made, 8 made in part or not at all, one undone (the old tokens written).
 PRIOR_RATE = _PRIORS + _PRIORS + (0.55, 0.4)
 THIS_TEXT = tuple(range(len(BUCKET_STARTS))) + (len(BUCKET_LABELS) - 2, len(BUCKET_LABELS) - 1)   # started afresh

@@ -67,10 +67,9 @@ class Substitutions:
                 return
         if not old or not new or old == new or len(old) > MAX_TOKENS or len(new) > MAX_TOKENS:
             return
-        if old in self._open and new[:len(self._new[old])] == self._new[old]:
-            self._made[old] += 1     # made again the way it varies: the open start stays what is known
-        elif self._new.get(old) == new and old not in self._open:
-            self._made[old] += 1
+        known = self._new.get(old)
+        if known is not None and (new == known if old not in self._open else new[:len(known)] == known):
+            self._made[old] += 1     # made again (an open one the way it varies: its start stays what is known)
         else:
             self._keep(old, new, False)
 
