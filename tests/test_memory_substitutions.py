@@ -15,7 +15,7 @@ from core.memory import Memory, MemoryDrafter
 from core.memory.index import SEP, LiveIndex
 from core.memory.resume import CopyAnchor
 from core.memory.stats import EDITED, key
-from core.memory.substitutions import MAX_TOKENS, Substitutions
+from core.memory.substitutions import MAX_KEPT, MAX_TOKENS, Substitutions
 from core.sampling import SamplingParams
 from tests.exact import first_two_tokens_exact
 from tests.test_memory_resume import edited_copy_target
@@ -130,6 +130,17 @@ def test_a_guess_of_where_a_copy_resumes_that_the_text_did_not_take_forgets_noth
 
     assert kept(guessed=True)
     assert not kept(guessed=False), "after a match, the text reaching the old name and writing else is evidence"
+
+
+def test_an_edit_made_again_is_kept_over_edits_made_once_since() -> None:
+    subs = Substitutions()
+    subs.learn((1000,), (2000,))
+    for k in range(1, MAX_KEPT):
+        subs.learn((1000 + k,), (2000 + k,))
+    subs.learn((1000,), (2000,))                        # the first edit made again: now the latest
+    subs.learn((1000 + MAX_KEPT,), (2000 + MAX_KEPT,))   # one more than are kept: the oldest goes
+    assert (1000,) in subs and (1001,) not in subs and len(subs) == MAX_KEPT
+    assert subs.proven((1000,))
 
 
 def test_only_substitutions_are_learnt() -> None:

@@ -70,12 +70,13 @@ class Substitutions:
         known = self._new.get(old)
         if known is not None and (new == known if old not in self._open else new[:len(known)] == known):
             self._made[old] += 1     # made again (an open one the way it varies: its start stays what is known)
+            self._keep(old, known, old in self._open)
         else:
             self._keep(old, new, False)
 
     def _keep(self, old: tuple[int, ...], new: tuple[int, ...], open_: bool) -> None:
         made = self._made.get(old, 1)
-        self._forget(old)            # re-learnt: the latest
+        self._forget(old)            # learnt or made again: the latest, evicted last
         self._new[old], self._made[old] = new, made
         if open_:
             self._open.add(old)
