@@ -22,8 +22,10 @@ GENERATION_TIMEOUT_MS = 60_000
 
 @pytest.fixture(autouse=True)
 def private_caches(tmp_path, monkeypatch):
-    """Plans and the memory of earlier texts in folders of the test's own: never the user's."""
+    """Plans, re-quantised drafts and the memory of earlier texts in folders of the test's own: never the user's
+    (planning a tiny llama.cpp pair re-quantises its draft, which left a file in the user's cache every run)."""
     monkeypatch.setattr("core.auto.cache.cache_dir", lambda: tmp_path / "plans")
+    monkeypatch.setattr("core.quantize.cache_dir", lambda: tmp_path / "cache")
     monkeypatch.setenv("SPECLENS_MEMORY_DIR", str(tmp_path / "memory"))
 
 
