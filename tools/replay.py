@@ -15,7 +15,9 @@ Auto's estimates start from); in use they are learnt across sessions. ``--warm``
 statistics learnt by replaying every other set first (never the prompt's own set): Auto as a user who has used it
 has it (``--warm-memory DIR`` writes such statistics, learnt on all the answers given, into a memory folder holding
 no text, for ``speclens bench --memory DIR``). ``--knowing`` adds, beside Auto, an Auto that knows which nodes of its
-own memory proposals the target accepts (core.bench.replay): how much better estimates could gain.
+own memory proposals the target accepts (core.bench.replay): how much better estimates could gain, split by a third
+column, Auto with the nodes it drafted and the target rejected charged nothing: what its wrong drafts cost, and, from
+there to the knowing Auto, what the copies it did not dare draft would have given.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from core.bench.prompts import DEFAULT_PROMPTS  # noqa: E402  (after the path ab
 from tools.ceiling import NEW_TOKENS  # noqa: E402  (the bench's answer length, as the ceiling decodes it)
 
 FOUR = tuple(name.removesuffix(".jsonl") for name in DEFAULT_PROMPTS)
+LABELS = {"unrejected": "Auto, rejected nodes free"}
 SETS = FOUR + ("held_out_2", "held_out", "held_out_3", "held_out_4", "held_out_5", "held_out_6")
 
 
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     from core.memory import SuffixMemory
 
     actual = cost_table(args.actual)[1].latencies if args.actual else None
-    columns = ("auto", "knowing", "ceiling") if args.knowing else ("auto", "ceiling")
+    columns = ("auto", "unrejected", "knowing", "ceiling") if args.knowing else ("auto", "ceiling")
     out = {}
     for spec in args.costs:
         name, plan = cost_table(spec)
@@ -185,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
             known = p["prompt"] + (p.get("earlier") or [])
             top, _ = ceiling(copy_lengths(known, p["answer"]), truth.verify_cost, truth.widest)
             rows.append({"set": p["set"], "id": p["id"], "auto": r.speedup, "predicted": r.predicted,
-                         "ceiling": top, "memory_steps": r.drafted_steps, "calls": r.calls})
+                         "ceiling": top, "memory_steps": r.drafted_steps, "calls": r.calls,
+                         "unrejected": r.unrejected})
             if args.knowing:
                 rows[-1]["knowing"] = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"),
                                              actual, memory(p), knowing=True).speedup
@@ -199,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         ratios = " ".join(f"{n}:{t:.2f}" for n, t in truth.ratios().items())
         print(f"{name} (t(n)/t(1) {ratios}){', warm statistics' if args.warm else ''}:")
         for s, v in sets.items():
-            print(f"  {s:16s} " + "   ".join(f"{c.capitalize()} {v[c]:.3f}x" for c in columns))
+            print(f"  {s:16s} " + "   ".join(f"{LABELS.get(c, c.capitalize())} {v[c]:.3f}x" for c in columns))
         out[name] = {"sets": sets, "prompts": rows}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

@@ -16,7 +16,9 @@ run to the next (a choice on a knife edge, flipped by how long a lookup happened
 ``knowing=True`` replays an Auto that knows which nodes of its own memory proposals the target accepts: each proposal is
 cut to the path the answer takes, every node certain. Its proposals, widths and costs are Auto's own, so the distance
 from Auto to it is what better estimates could gain, and the rest of the distance to the ceiling
-(core.bench.ceiling) is what better proposals could.
+(core.bench.ceiling) is what better proposals could. :attr:`Replay.unrejected` splits the first distance: Auto's
+speed had its calls been charged only for the nodes the target took, so from Auto to it is what drafting nodes that
+were rejected cost, and from it to the knowing Auto what the copies Auto judged too unlikely to draft would have given.
 """
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ class ScriptedTarget:
         self.eos_ids = frozenset(eos)
         self.context_length = len(self.script) + 1
         self.calls = 0
+        self.wasted = 0.0       # seconds its calls spent on drafted nodes the answer did not take
         self.reset()
 
     @property
@@ -116,6 +119,7 @@ class ScriptedTarget:
                             for j in range(len(tree))])
 
     def commit(self, path: Sequence[int]) -> None:
+        self.wasted += self.costs.verify_cost(len(self._tree)) - self.costs.verify_cost(len(path))
         self._committed += [self._tree.tokens[i] for i in path]
         self._tree = None
 
@@ -204,6 +208,7 @@ class Replay:
     drafted_steps: int      # steps that verified a memory draft
     tokens: int
     rejected: int = 0       # drafted nodes the target did not take
+    unrejected: float = 0.0  # the speedup had the calls cost only the nodes taken (a call of the path alone)
 
 
 def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size: int,
@@ -227,5 +232,6 @@ def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size:
     if list(out.tokens) != list(answer):
         raise RuntimeError("the replayed decode left the recorded answer")
     drafter = auto.last_drafter
-    return Replay(len(answer) * costs.plain / clock.seconds, drafter.predicted_speedup, target.calls,
-                  drafter.counts["memory"], len(answer), out.stats.drafted - out.stats.accepted)
+    plain = len(answer) * costs.plain
+    return Replay(plain / clock.seconds, drafter.predicted_speedup, target.calls, drafter.counts["memory"],
+                  len(answer), out.stats.drafted - out.stats.accepted, plain / (clock.seconds - target.wasted))
