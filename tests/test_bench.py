@@ -20,6 +20,7 @@ from core.bench.runners import LlamaServerRunner, earlier_sampling
 from core.bench.run import EngineSurface, attach_memories
 from core.memory import SuffixMemory
 from core.sampling import Rng, SamplingParams
+from tests.table_backend import TableBackend, random_table
 
 PROMPTS = [{"id": "p1", "prompt": "Say hi."}, {"id": "p2", "prompt": "abc abc abc abc abc"}]
 
@@ -219,12 +220,16 @@ def test_sampled_multidraft_runs_score_both_verifiers_on_their_own_drafts(tmp_pa
     assert "same_drafts" not in report["summary"]["baseline"]
 
 
-def test_auto_noresume_reaches_the_memory_drafter() -> None:
-    strategies = attach_memories({m: bench.strategy_for(m) for m in ("auto", "auto:noresume")}, SuffixMemory("x"))
-    for mode, resume in (("auto", True), ("auto:noresume", False)):
+def test_auto_noresume_and_nospelling_reach_the_memory_drafter() -> None:
+    modes = ("auto", "auto:noresume", "auto:nospelling")
+    strategies = attach_memories({m: bench.strategy_for(m) for m in modes}, SuffixMemory("x"))
+    target = TableBackend(random_table(9, seed=0), 9, "target")
+    for mode, resume, spelt in zip(modes, (True, False, True), (True, True, False)):
         auto = strategies[mode]
         auto.plan = Plan({}, Latencies({1: 0.1, 2: 0.15}))
-        assert auto.make_drafter(None, SamplingParams(), Rng(0)).memory.resume is resume
+        auto.bind(target, None, SamplingParams())
+        memory = auto.make_drafter(None, SamplingParams(), Rng(0)).memory
+        assert memory.resume is resume and (memory.spelling is not None) is spelt
     with pytest.raises(bench.BenchError, match="integers"):
         bench.strategy_for("auto:resume")
 

@@ -14,6 +14,7 @@ from core.events import Origin
 from core.memory import Memory, MemoryDrafter
 from core.memory.index import SEP, LiveIndex
 from core.memory.resume import CopyAnchor
+from core.memory.spelling import Spelling
 from core.memory.stats import EDITED, key
 from core.memory.substitutions import MAX_KEPT, MAX_TOKENS, Substitutions
 from core.sampling import SamplingParams
@@ -248,17 +249,26 @@ THROUGH_PROMPT = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 2, 6]     # ... and has ma
 THROUGH_ANCHOR = 12         # the suffix match anchored the copy after "0 1 2 3 4"
 
 
+RESPELT_PROMPT = [1, 2, 3, 4, 6, 0, 1, 2, 3, 4]     # ends copying 1..4: the copy goes on with 6, "(p"
+# the tokens' texts for the ``respelt`` setup: OLD " p" -> NEW " price" renames p, which token 6 "(p" also spells
+SPELLING = Spelling(lambda ids: "".join(["\n", " a", " price", " =", " b", " p", "(p", "(price"][i] for i in ids),
+                    lambda text: {"(price": [7]}[text])
+
+
 @dataclass(frozen=True)
 class Taught(Memory):
     """Memory drafts from a drafter that has already learnt ``OLD -> NEW`` (as after an earlier rename), its copy
     anchored after the prompt's first ``anchored`` tokens when given (then followed through the edit), or, when
-    ``opened``, an edit of ``OLD`` made twice in different ways, that starts with ``NEW``."""
+    ``opened``, an edit of ``OLD`` made twice in different ways, that starts with ``NEW``; ``respelt``: with the
+    tokenizer's spelling, by which the rename reaches another token (core.memory.substitutions)."""
 
     anchored: int = 0
     opened: bool = False
+    respelt: bool = False
 
     def make_drafter(self, draft, params, rng) -> MemoryDrafter:
         drafter = super().make_drafter(draft, params, rng)
+        drafter.spelling = SPELLING if self.respelt else None
         start = drafter.start
 
         def taught(prompt, cancel=None) -> None:
@@ -277,14 +287,14 @@ class Taught(Memory):
         return drafter
 
 
-TAUGHT = {"substituted": (0, TAUGHT_PROMPT, False), "through": (THROUGH_ANCHOR, THROUGH_PROMPT, False),
-          "open": (0, TAUGHT_PROMPT, True)}
+TAUGHT = {"substituted": (0, TAUGHT_PROMPT, False, False), "through": (THROUGH_ANCHOR, THROUGH_PROMPT, False, False),
+          "open": (0, TAUGHT_PROMPT, True, False), "respelt": (0, RESPELT_PROMPT, False, True)}
 
 
 def taught(setup: str, depth: int) -> tuple[Taught, list[int]]:
     """The strategy of a ``TAUGHT`` setup drafting 6 nodes ``depth`` deep, and its prompt."""
-    anchored, prompt, opened = TAUGHT[setup]
-    return Taught(6, depth, min_match=1, anchored=anchored, opened=opened), prompt
+    anchored, prompt, opened, respelt = TAUGHT[setup]
+    return Taught(6, depth, min_match=1, anchored=anchored, opened=opened, respelt=respelt), prompt
 
 
 def test_the_taught_drafter_drafts_the_substitution_first() -> None:
@@ -297,6 +307,13 @@ def test_the_opened_drafter_drafts_the_edit_s_start_and_ends_there() -> None:
     drafter = Taught(6, 2, min_match=1, opened=True).make_drafter(None, GREEDY, None)
     drafter.start(TAUGHT_PROMPT)
     assert drafter.draft(TAUGHT_PROMPT, 2, 6).tokens == [2]
+
+
+def test_the_respelling_drafter_drafts_the_new_name_in_the_other_token_first() -> None:
+    strategy, prompt = taught("respelt", 2)
+    drafter = strategy.make_drafter(None, GREEDY, None)
+    drafter.start(prompt)
+    assert drafter.draft(prompt, 2, 6).tokens[:2] == [7, 0], "(p drafted as (price"
 
 
 def test_the_anchored_drafter_follows_the_copy_through_the_edit() -> None:

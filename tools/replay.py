@@ -35,7 +35,7 @@ from tools.ceiling import NEW_TOKENS  # noqa: E402  (the bench's answer length, 
 
 FOUR = tuple(name.removesuffix(".jsonl") for name in DEFAULT_PROMPTS)
 LABELS = {"unrejected": "Auto, rejected nodes free"}
-SETS = FOUR + ("held_out_2", "held_out", "held_out_3", "held_out_4", "held_out_5", "held_out_6")
+SETS = FOUR + ("held_out_2", "held_out", "held_out_3", "held_out_4", "held_out_5", "held_out_6", "held_out_7")
 
 
 def record(path: Path, sets: list[str]) -> None:
@@ -90,6 +90,24 @@ def cost_table(spec: str):
                          "`speclens plan` printed") from None
 
 
+class Vocabulary:
+    """The default pair's tokenizer alone (llama.cpp's vocabulary, no weights): what the recorded answers spell."""
+
+    def __init__(self) -> None:
+        from llama_cpp import Llama
+
+        from core import models
+        from core.assembly import assemble
+
+        self.model = Llama(model_path=str(assemble(models.PAIRS["default"].target)), vocab_only=True, verbose=False)
+
+    def detokenize(self, ids) -> str:
+        return self.model.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.model.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+
 def read_answers(paths: list[Path]) -> dict:
     """The recorded answers of every file, in order (one tokenizer: the same vocabulary in each)."""
     merged: dict = {"vocab_size": None, "prompts": []}
@@ -108,7 +126,7 @@ def read_answers(paths: list[Path]) -> dict:
     return merged
 
 
-def warm_statistics(plan, data: dict, own_set: str | None, actual):
+def warm_statistics(plan, data: dict, own_set: str | None, actual, tokenizer=None):
     """The memory statistics learnt by replaying, in order, every prompt of ``data`` outside ``own_set``."""
     from core.bench.replay import replay
     from core.memory import SuffixMemory
@@ -116,7 +134,8 @@ def warm_statistics(plan, data: dict, own_set: str | None, actual):
     learner = SuffixMemory("scripted")
     for p in data["prompts"]:
         if p["set"] != own_set:
-            replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, learner)
+            replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, learner,
+                   tokenizer=tokenizer)
             learner = SuffixMemory("scripted", stats=learner.stats)     # the statistics go on, the text does not
     return learner.stats
 
@@ -148,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="each set starts from the memory statistics learnt by replaying the other sets")
     parser.add_argument("--knowing", action="store_true",
                         help="also replay an Auto that knows which of its memory nodes the target accepts")
+    parser.add_argument("--no-spelling", action="store_true",
+                        help="replay without the tokenizer: renames stay on the tokens they were learnt on")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--warm-memory", type=Path, metavar="DIR",
                         help="write the statistics learnt on all the answers (at the first --costs table) into an "
@@ -171,20 +192,22 @@ def main(argv: list[str] | None = None) -> None:
     from core.memory import SuffixMemory
 
     actual = cost_table(args.actual)[1].latencies if args.actual else None
+    tokenizer = None if args.no_spelling else Vocabulary()
     columns = ("auto", "unrejected", "knowing", "ceiling") if args.knowing else ("auto", "ceiling")
     out = {}
     for spec in args.costs:
         name, plan = cost_table(spec)
         truth = actual or plan.latencies
         rows = []
-        warm = {s: warm_statistics(plan, data, s, actual) for s in dict.fromkeys(p["set"] for p in data["prompts"])
+        warm = {s: warm_statistics(plan, data, s, actual, tokenizer) for s in dict.fromkeys(p["set"] for p in data["prompts"])
                 } if args.warm else {}
 
         def memory(p):
             return SuffixMemory("scripted", stats=warm[p["set"]].copy()) if args.warm else None
 
         for p in data["prompts"]:
-            r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, memory(p))
+            r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, memory(p),
+                       tokenizer=tokenizer)
             known = p["prompt"] + (p.get("earlier") or [])
             top, _ = ceiling(copy_lengths(known, p["answer"]), truth.verify_cost, truth.widest)
             rows.append({"set": p["set"], "id": p["id"], "auto": r.speedup, "predicted": r.predicted,
@@ -192,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
                          "unrejected": r.unrejected})
             if args.knowing:
                 rows[-1]["knowing"] = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"),
-                                             actual, memory(p), knowing=True).speedup
+                                             actual, memory(p), knowing=True, tokenizer=tokenizer).speedup
             if args.prompts:
                 knew = f", knowing {rows[-1]['knowing']:.2f}x" if args.knowing else ""
                 print(f"  {p['set']:16s} {p['id']:20s} Auto {r.speedup:.2f}x (predicted {r.predicted:.2f}x, "

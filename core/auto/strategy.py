@@ -12,6 +12,7 @@ from core.auto.policy import AutoDrafter
 from core.auto.step_costs import StepCosts
 from core.drafting import ModelDrafter
 from core.memory import Memory, MemoryDrafter, SuffixMemory, open_memory
+from core.memory.spelling import Spelling
 from core.sampling import Rng, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class Auto:
     The engine binds it to its models before a generation: the plan is loaded from the cache or measured, its
     verification settings applied, and the memory of earlier texts opened (``memory=`` gives one; ``use_memory=False``
     drafts from the current text only; ``resume=False`` never guesses where a copy resumes after an edit, nor applies
-    an edit again). Pass ``plan=`` to decide from given measurements (tests inject latencies this way, with
+    an edit again; ``spell=False`` leaves a rename on the tokens it was learnt on, without the target's spelling). Pass ``plan=`` to decide from given measurements (tests inject latencies this way, with
     ``clock=None`` so that the real steps' timings do not correct them).
 
     What each option's steps really cost is learnt across the generations of one binding (core.auto.step_costs).
@@ -45,7 +46,7 @@ class Auto:
 
     def __init__(self, plan: Plan | None = None, cache: bool = True, refresh: bool = False,
                  memory: SuffixMemory | None = None, use_memory: bool = True, resume: bool = True,
-                 clock: Callable[[], float] | None = time.perf_counter) -> None:
+                 clock: Callable[[], float] | None = time.perf_counter, spell: bool = True) -> None:
         self.plan = plan
         self._fixed = plan is not None
         self.cache = cache
@@ -53,17 +54,21 @@ class Auto:
         self.memory = memory
         self.use_memory = use_memory
         self.resume = resume
+        self.spell = spell
         self.clock = clock
         self.step_costs = StepCosts()
         self.report: Report | None = None   # progress of a measurement, for a window that shows it
         self.last_drafter: AutoDrafter | None = None
         self._tree_draft = None     # the backend the tree is drafted with (a cheaper re-quantised copy, or the draft)
         self._bound: tuple | None = None
+        self.spelling: Spelling | None = None   # the target's tokenizer: renames learnt reach other tokens
 
     def bind(self, target, draft, sampling: SamplingParams) -> None:
         """Load or measure the plan for these models (once per pair, backend, device and threads) and open the
         memory of earlier texts for their tokenizer."""
         key = plan_key(target, draft, sampling)
+        if self.spell and (self.spelling is None or self._bound is None or self._bound[0] != id(target)):
+            self.spelling = Spelling.of(target)
         if self._bound == (id(target), id(draft), repr(key)):
             return
         if not self._fixed or self.plan is None:
@@ -92,7 +97,7 @@ class Auto:
         tree_draft = self._tree_draft if self._tree_draft is not None else draft
         if tree_draft is not None and self.plan.tree_pays():
             model = ModelDrafter(tree_draft, self.plan.tree.parents, "without_replacement", params, rng, "draft")
-        memory = MemoryDrafter(self.memory if self.use_memory else None, resume=self.resume)
+        memory = MemoryDrafter(self.memory if self.use_memory else None, resume=self.resume, spelling=self.spelling)
         self.last_drafter = AutoDrafter(self.plan, memory, model, self._replanned, self.step_costs, self.clock)
         return self.last_drafter
 
@@ -101,7 +106,7 @@ def attach_memory(strategy, memory: SuffixMemory):
     """``strategy`` drafting from ``memory`` instead of the user's memory of earlier texts (Auto, Memory); any other
     strategy as it is."""
     if isinstance(strategy, Auto):
-        return Auto(memory=memory, resume=strategy.resume)
+        return Auto(memory=memory, resume=strategy.resume, spell=strategy.spell)
     if isinstance(strategy, Memory):
         return strategy.attached(memory)
     return strategy

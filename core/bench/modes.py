@@ -28,13 +28,17 @@ MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia sha
              "vector), multidraft[:K[:LENGTH[:specinfer|spectr]]] (K draft sequences, verified by rule 3 or by "
              "SpecTr's K-SEQ), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), self:L[:K] (the "
              "target's first L layers draft a chain of K; transformers backend), adaptive, auto[:noresume] (Auto "
-             "without guesses of where a copy resumes after an edit, nor edits applied again), "
+             "without guesses of where a copy resumes after an edit, nor edits applied again), auto:nospelling "
+             "(Auto without the tokenizer's spelling: a rename stays on the tokens it was learnt on), "
              f"{HF_ASSISTED} (transformers backend only), {LLAMA_SERVER}[:ngram|:draft|:both] (llama.cpp's own server "
              "on the same files and threads: plain, its --spec-default n-gram drafts, the draft model, or both), "
              f"{ENDPOINT}URL[#MODEL] (any OpenAI-compatible server: another SpecLens, llama-server, vLLM, SGLang; "
              "timed on this machine's clock), "
              f"baseline{AGAIN}, {NATIVE}{AGAIN} and {LLAMA_SERVER}{AGAIN} (A/A controls: a second, identical "
              "reference, whose ratios show the noise floor)")
+
+
+AUTO_FLAGS = {"noresume", "nospelling"}
 
 
 class BenchError(ValueError):
@@ -63,9 +67,8 @@ def strategy_for(mode: str):
         return Baseline()
     name, *args = mode.split(":")
     verifier = args.pop() if name == "multidraft" and len(args) == 3 else None   # the one word among the numbers
-    resume = not (name == "auto" and args == ["noresume"])
-    if not resume:
-        args.pop()
+    flags = set(args) if name == "auto" and set(args) <= AUTO_FLAGS else set()
+    args = [a for a in args if a not in flags]
     nums = _ints(mode, args)
     try:
         if name == "baseline" and not nums:
@@ -93,7 +96,7 @@ def strategy_for(mode: str):
         if name == "adaptive" and not nums:
             return AdaptiveChain()
         if name == "auto" and not nums:
-            return Auto(resume=resume)
+            return Auto(resume="noresume" not in flags, spell="nospelling" not in flags)
     except BenchError:
         raise
     except ValueError as exc:

@@ -67,8 +67,9 @@ class ScriptedTarget:
     device = "cpu"
 
     def __init__(self, prompt: Sequence[int], answer: Sequence[int], costs: Latencies, clock: SimulatedClock,
-                 vocab_size: int, eos: Sequence[int] = ()) -> None:
+                 vocab_size: int, eos: Sequence[int] = (), tokenizer=None) -> None:
         self.script = list(prompt) + list(answer)
+        self.tokenizer = tokenizer      # the recorded answers' tokenizer (detokenize, tokenize), when at hand
         self.costs, self.clock = costs, clock
         self.vocab_size = vocab_size
         self.eos_ids = frozenset(eos)
@@ -85,13 +86,15 @@ class ScriptedTarget:
         return "scripted"
 
     def tokenize(self, text: str) -> list[int]:
-        raise NotImplementedError("a scripted target decodes token ids only")
+        if self.tokenizer is None:
+            raise NotImplementedError("a scripted target without a tokenizer decodes token ids only")
+        return list(self.tokenizer.tokenize(text))
 
     def apply_chat_template(self, messages) -> list[int]:
         raise NotImplementedError("a scripted target decodes token ids only")
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return ""       # nothing reads the text of a replay
+        return self.tokenizer.detokenize(ids) if self.tokenizer is not None else ""
 
     def special_name(self, token: int) -> str | None:
         return None
@@ -127,8 +130,8 @@ class ScriptedTarget:
 class ChargedMemoryDrafter(MemoryDrafter):
     """Memory's drafter whose every lookup moves the replay's clock by ``LOOKUP_SECONDS``."""
 
-    def __init__(self, memory: SuffixMemory, clock: SimulatedClock, resume: bool = True) -> None:
-        super().__init__(memory, resume=resume)
+    def __init__(self, memory: SuffixMemory, clock: SimulatedClock, resume: bool = True, spelling=None) -> None:
+        super().__init__(memory, resume=resume, spelling=spelling)
         self.clock = clock
 
     def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1,
@@ -141,8 +144,8 @@ class KnowingMemoryDrafter(ChargedMemoryDrafter):
     """Memory's proposals cut to the path the recorded ``answer`` takes after ``prompt``, each node certain."""
 
     def __init__(self, memory: SuffixMemory, clock: SimulatedClock, prompt: Sequence[int], answer: Sequence[int],
-                 resume: bool = True) -> None:
-        super().__init__(memory, clock, resume)
+                 resume: bool = True, spelling=None) -> None:
+        super().__init__(memory, clock, resume, spelling)
         self.script = list(prompt) + list(answer)
 
     def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1,
@@ -183,7 +186,7 @@ class _ReplayedAuto(Auto):
         return drafter
 
     def memory_drafter(self) -> MemoryDrafter:
-        return ChargedMemoryDrafter(self.memory, self.clock, self.resume)
+        return ChargedMemoryDrafter(self.memory, self.clock, self.resume, self.spelling)
 
 
 class _KnowingAuto(_ReplayedAuto):
@@ -197,7 +200,7 @@ class _KnowingAuto(_ReplayedAuto):
         return drafter
 
     def memory_drafter(self) -> MemoryDrafter:
-        return KnowingMemoryDrafter(self.memory, self.clock, self.prompt, self.answer, self.resume)
+        return KnowingMemoryDrafter(self.memory, self.clock, self.prompt, self.answer, self.resume, self.spelling)
 
 
 @dataclass(frozen=True)
@@ -213,16 +216,18 @@ class Replay:
 
 def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size: int,
            earlier: Sequence[int] | None = None, actual: Latencies | None = None,
-           memory: SuffixMemory | None = None, knowing: bool = False) -> Replay:
+           memory: SuffixMemory | None = None, knowing: bool = False, tokenizer=None) -> Replay:
     """Auto, deciding from ``plan``, decodes ``prompt`` into its recorded greedy ``answer`` (``earlier``: an earlier
     answer to the same prompt, remembered first, as the bench does for a regenerated prompt); calls cost ``actual``
     (default: the plan's own table). ``memory``: the memory of earlier texts to start from (default: an empty one).
     ``knowing``: Auto knows which nodes of its memory proposals the target accepts (the module docstring).
+    ``tokenizer``: the answers' tokenizer (``detokenize`` and ``tokenize``), with which renames reach the other tokens
+    that spell a renamed name (core.memory.substitutions); without it they stay on the tokens they were learnt on.
 
     Raises RuntimeError if Auto's output differs from the answer: the replay would then be of another answer."""
     costs = actual or plan.latencies
     clock = SimulatedClock()
-    target = ScriptedTarget(prompt, answer, costs, clock, vocab_size)
+    target = ScriptedTarget(prompt, answer, costs, clock, vocab_size, tokenizer=tokenizer)
     memory = memory if memory is not None else SuffixMemory("scripted")
     if earlier:
         memory.add_answer(prompt, earlier)

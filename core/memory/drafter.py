@@ -25,6 +25,7 @@ from core.memory.documents import MemoryState, SuffixMemory
 from core.memory.index import MAX_MATCH, CorpusIndex, LiveIndex
 from core.memory.proposal import MemoryProposal, best_first
 from core.memory.resume import ANCHOR_MATCH, CopyAnchor
+from core.memory.spelling import Spelling
 from core.memory.stats import RESUMED, MemoryStats
 from core.memory.substitutions import Substitutions
 from core.sampling import Rng, SamplingParams
@@ -65,15 +66,16 @@ class MemoryDrafter(DrafterBase):
     label = "memory"
 
     def __init__(self, memory: SuffixMemory | None = None, budget: int = 8, max_depth: int = 8,
-                 min_match: int = 2, resume: bool = True) -> None:
+                 min_match: int = 2, resume: bool = True, spelling: Spelling | None = None) -> None:
         self.memory = memory
         self.budget, self.max_depth, self.min_match = budget, max_depth, min_match
         self.resume = resume
+        self.spelling = spelling        # the tokenizer's, when the caller has it (core.memory.spelling)
         self._own_stats = MemoryStats() if memory is None else None
         self.live = LiveIndex()
         self.anchor = CopyAnchor()
         self.recalled = CopyAnchor(remembered=True)     # a remembered text the live one copies
-        self.substitutions = Substitutions()
+        self.substitutions = Substitutions(spelling)
         self.note = ""
         self._last: MemoryProposal | None = None
 
@@ -92,7 +94,7 @@ class MemoryDrafter(DrafterBase):
         self.live = LiveIndex(prompt)
         self.anchor = CopyAnchor()
         self.recalled = CopyAnchor(remembered=True)
-        self.substitutions = Substitutions()
+        self.substitutions = Substitutions(self.spelling)
         self._last = None
         self.note = ""
 

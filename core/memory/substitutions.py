@@ -14,26 +14,66 @@ as an *open* substitution, after which a continuation ends, since the text there
 (values that change from line to line) leaves an open substitution of no tokens: continuations end before the old
 ones, where the copy breaks off every time, instead of drafting them to be rejected. Substitutions are drafts like
 any other: the target verifies every token, so a wrong one costs a rejected node, never a wrong output.
+
+A rename is learnt on the tokens where the text first made it, and a name is spelt by other tokens elsewhere: ``p``
+renamed ``price`` is learnt as `` p`` -> `` price``, and the copy then meets ``round(p``, whose ``(p`` is another
+token, and drafts the old name in a long call that the target rejects at once. With the tokenizer's spelling
+(core.memory.spelling), the names a learnt substitution renames are read from its text (both split into names and
+single other characters, as many of each, differing only in names), and a token of the copy holding one of them as a
+whole name is spelt anew with the new name (``(p`` -> ``(price``) and carried like a substitution of its own: a guess
+until the text makes it (it was never made), dropped for good where the text writes the old token instead (``for p in
+prices`` in another function keeps its own ``p``).
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
 from core.memory.index import SEP
+from core.memory.spelling import Spelling
 
 MAX_TOKENS = 8          # the longest ``old`` or ``new`` learnt: longer changes are rewrites, not substitutions
 MAX_KEPT = 16           # substitutions kept, the latest learnt
+MAX_RESPELT = 64        # tokens spelt anew with a learnt rename, at most
+PARTS = re.compile(r"\w+|\W")      # a text as names (and numbers) and single other characters
+WORD = re.compile(r"\w")
+
+
+def renames(old: str, new: str) -> dict[tuple[bool, str], str]:
+    """The names ``new`` renames in ``old`` (`` calc(p`` -> `` compute(price``: ``calc`` -> ``compute``, ``p`` ->
+    ``price``), each keyed with whether it follows a ``.``: a variable ``items`` renamed says nothing of the method
+    ``.items()``. Empty unless both split into as many names and other characters and differ only in names."""
+    a, b = PARTS.findall(old), PARTS.findall(new)
+    if len(a) != len(b):
+        return {}
+    pairs = [(i, x, y) for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if not pairs or not all(x.isidentifier() and y.isidentifier() for _, x, y in pairs):
+        return {}
+    return {(attribute(a, i), x): y for i, x, y in pairs}
+
+
+def attribute(parts: list[str], i: int) -> bool:
+    """Whether ``parts[i]`` follows a ``.`` that is no spread (``...arr`` spreads the variable)."""
+    return i > 0 and parts[i - 1] == "." and (i < 2 or parts[i - 2] != ".")
 
 
 class Substitutions:
     """The substitutions learnt in one text: ``old`` tokens -> ``new`` tokens, and which of them are open."""
 
-    def __init__(self) -> None:
+    def __init__(self, spelling: Spelling | None = None) -> None:
+        self.spelling = spelling
         self._new: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._open: set[tuple[int, ...]] = set()       # olds whose ``new`` is what the text wrote first, then varied
         self._made: dict[tuple[int, ...], int] = {}    # old -> times the text was seen making it
         # continuations that carried a substitution: (context length, their tokens before it, its old)
         self._checks: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+        # tokens spelt anew with the renames learnt (old -> whether the name starts / ends the token's text),
+        # every token asked (None: no rename in it), the renames they were spelt with, and tokens the text refused
+        self._respelt: dict[tuple[int, ...], tuple[bool, bool]] = {}
+        self._spelt: dict[int, tuple[int, ...] | None] = {}
+        self._renames: dict[tuple[bool, str], str] = {}
+        self._refused: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._new)
@@ -80,10 +120,14 @@ class Substitutions:
         self._new[old], self._made[old] = new, made
         if open_:
             self._open.add(old)
-        while len(self._new) > MAX_KEPT:
-            self._forget(next(iter(self._new)))
+        while len(self._new) - len(self._respelt) > MAX_KEPT:
+            self._forget(next(o for o in self._new if o not in self._respelt))
 
-    def _forget(self, old: tuple[int, ...]) -> None:
+    def _forget(self, old: tuple[int, ...], refused: bool = False) -> None:
+        """``refused``: the text wrote the old tokens where a respelling of them was carried: never respelt again."""
+        if refused and old in self._respelt:
+            self._refused.add(old[0])
+        self._respelt.pop(old, None)
         self._new.pop(old, None)
         self._made.pop(old, None)
         self._open.discard(old)
@@ -107,8 +151,8 @@ class Substitutions:
             if same is None and new:
                 self._made[old] += len(written) >= len(new)     # made (or, so far, being made)
                 continue
-            if written[:len(old)] == old:
-                self._forget(old)
+            if written[:len(old)] == old or (old in self._respelt and old[:len(written)] != written):
+                self._forget(old, refused=True)     # a respelling is a guess: any other text drops it
             elif same is not None and old[:len(written)] != written:
                 self._keep(old, new[:same], True)
                 self._made[old] += same > 0     # its start was made again
@@ -138,6 +182,7 @@ class Substitutions:
         nowhere): a guess about the edit rather than a copy."""
         if not self._new or not len(rows):
             return rows[:, :depth], None
+        self._respell(rows)
         firsts = np.fromiter({old[0] for old in self._new}, np.int64)
         olds = sorted(self._new, key=len, reverse=True)     # the longest ``old`` that fits wins
         out = rows[:, :depth].copy()
@@ -160,6 +205,8 @@ class Substitutions:
         k = 0
         while k < len(row) and row[k] != SEP:
             old = next((o for o in olds if tuple(row[k:k + len(o)]) == o), None)
+            if old in self._respelt and self._inside_name(old, out[-1] if out else None, row[k + 1:k + 2]):
+                old = None
             if old is None:
                 out.append(row[k])
                 k += 1
@@ -170,3 +217,51 @@ class Substitutions:
                     break
                 k += len(old)
         return out, made
+
+    def _respell(self, rows: np.ndarray) -> None:
+        """Carry the renames the learnt substitutions make (the module's docstring) to the tokens of ``rows`` that
+        hold a renamed name: each token is asked once for the renames learnt; when they change, afresh."""
+        if self.spelling is None:
+            return
+        learnt = {}
+        for old, new in self._new.items():
+            if old not in self._respelt and old not in self._open:
+                learnt.update(renames(self.spelling.texts(old), self.spelling.texts(new)))
+        if learnt != self._renames:
+            for old in list(self._respelt):
+                self._forget(old)
+            self._spelt.clear()
+            self._renames = learnt
+        if not learnt:
+            return
+        for token in np.unique(rows).tolist():
+            if token != SEP and token not in self._spelt and len(self._respelt) < MAX_RESPELT:
+                self._spelt[token] = self._respelling(token)
+
+    def _respelling(self, token: int) -> tuple[int, ...] | None:
+        """The token spelt with the renames learnt made in it, learnt as a substitution (None: no rename in it)."""
+        if token in self._refused or (token,) in self._new:
+            return None
+        parts = PARTS.findall(self.spelling.text(token))
+        renamed = [self._renames.get((attribute(parts, i), part)) for i, part in enumerate(parts)]
+        if not any(renamed):
+            return None
+        new = self.spelling.tokens("".join(r or part for r, part in zip(renamed, parts)))
+        if new is None or new == (token,) or len(new) > MAX_TOKENS:
+            return None
+        self._new[(token,)], self._made[(token,)] = new, 1
+        self._respelt[(token,)] = (renamed[0] is not None, renamed[-1] is not None)
+        return new
+
+    def _inside_name(self, old: tuple[int, ...], before: int | None, after: list[int]) -> bool:
+        """Whether a respelt token's renamed name runs on into the token before or after it in a row (``(p``
+        followed by ``rices``), or follows a ``.`` that ends the token before (an attribute): then it is another
+        name."""
+        starts, ends = self._respelt[old]
+        if starts and before is not None and before != SEP:
+            parts = PARTS.findall(self.spelling.text(before))
+            if parts and (WORD.fullmatch(parts[-1][-1]) or attribute(parts + [""], len(parts))):
+                return True
+        if ends and after and after[0] != SEP:
+            return bool(WORD.fullmatch(self.spelling.text(after[0])[:1]))
+        return False
