@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         name, plan = cost_table(spec)
         truth = actual or plan.latencies
         rows = []
-        warm = {s: warm_statistics(plan, data, s, actual, tokenizer) for s in dict.fromkeys(p["set"] for p in data["prompts"])
-                } if args.warm else {}
+        names = dict.fromkeys(p["set"] for p in data["prompts"])
+        warm = {s: warm_statistics(plan, data, s, actual, tokenizer) for s in names} if args.warm else {}
 
         def memory(p):
             return SuffixMemory("scripted", stats=warm[p["set"]].copy()) if args.warm else None

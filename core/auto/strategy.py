@@ -36,8 +36,9 @@ class Auto:
     The engine binds it to its models before a generation: the plan is loaded from the cache or measured, its
     verification settings applied, and the memory of earlier texts opened (``memory=`` gives one; ``use_memory=False``
     drafts from the current text only; ``resume=False`` never guesses where a copy resumes after an edit, nor applies
-    an edit again; ``spell=False`` leaves a rename on the tokens it was learnt on, without the target's spelling). Pass ``plan=`` to decide from given measurements (tests inject latencies this way, with
-    ``clock=None`` so that the real steps' timings do not correct them).
+    an edit again; ``spell=False`` leaves a rename on the tokens it was learnt on, without the target's spelling).
+    Pass ``plan=`` to decide from given measurements (tests inject latencies this way, with ``clock=None`` so that the
+    real steps' timings do not correct them).
 
     What each option's steps really cost is learnt across the generations of one binding (core.auto.step_costs).
     """
