@@ -68,7 +68,7 @@ class Auto:
         """Load or measure the plan for these models (once per pair, backend, device and threads) and open the
         memory of earlier texts for their tokenizer."""
         key = plan_key(target, draft, sampling)
-        if self.spell and (self.spelling is None or self._bound is None or self._bound[0] != id(target)):
+        if self.spell and (self._bound is None or self._bound[0] != id(target)):     # a new target: its spelling
             self.spelling = Spelling.of(target)
         if self._bound == (id(target), id(draft), repr(key)):
             return
