@@ -48,8 +48,9 @@ class Drafter(Protocol):
     def take_plan(self) -> PlanEvent | None:
         """A plan made or re-made since the last call (Auto), for the views; None otherwise."""
 
-    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
-        """The generation ended with ``answer`` after ``prompt`` (a drafter with a memory remembers it)."""
+    def finish(self, prompt: Sequence[int], answer: Sequence[int], probs: Sequence[float]) -> None:
+        """The generation ended with ``answer`` after ``prompt``, each token drawn with probability ``probs`` from
+        the sampling distribution (a drafter with a memory remembers them)."""
 
 
 class DrafterBase:
@@ -68,7 +69,7 @@ class DrafterBase:
     def take_plan(self) -> PlanEvent | None:
         return None
 
-    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+    def finish(self, prompt: Sequence[int], answer: Sequence[int], probs: Sequence[float]) -> None:
         """Nothing to remember."""
 
 

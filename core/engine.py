@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -105,7 +105,7 @@ class SpeculativeEngine:
             self.last_result = record.result(StopReason.CANCELLED)
             raise
         if drafter is not None and record.new:
-            drafter.finish(prompt, record.new)
+            drafter.finish(prompt, record.new, record.probs)
         self.last_result = record.result(stop)
 
     # -- the steps of the loop ------------------------------------------------------------------------------------
@@ -192,16 +192,29 @@ class SpeculativeEngine:
                     p_rows[u] = logits_to_probs(row(u), self.sampling)
                 return p_rows[u]
 
-            verdict = rule(tree, target_dist, rng, eos,
-                           lambda u, token: token_probability(row(u), token, self.sampling))
-            seen = Seen(verdict.target_p)
+            def prob(u: int, token: int) -> float:
+                return float(p_rows[u][token]) if u in p_rows else token_probability(row(u), token, self.sampling)
+
+            verdict = rule(tree, target_dist, rng, eos, prob)
+            seen = Seen(verdict.target_p, emitted_p=self._emitted_p(tree, verdict, prob))
         target.commit(list(range(len(pending))) + [len(pending) + j for j in verdict.accepted])
         return verdict, seen, target_seconds
 
     @staticmethod
+    def _emitted_p(tree: TokenTree, verdict: Verdict, prob: Callable[[int, int], float]) -> tuple[float, ...]:
+        """The sampling distribution's probability of each token a sampled step emits, from the rows verification
+        built (one more read for a bonus token): a remembered answer keeps them, so that a regeneration knows where
+        the earlier sample was a toss-up (core.memory)."""
+        out = [verdict.target_p[j] if j in verdict.target_p else prob(tree.parents[j], tree.tokens[j])
+               for j in verdict.accepted]
+        if verdict.extra is not None:
+            out.append(prob(verdict.accepted[-1] if verdict.accepted else -1, verdict.extra))
+        return tuple(out)
+
+    @staticmethod
     def _greedy_seen(tree: TokenTree, verdict: Verdict, row) -> Seen:
-        """For greedy decoding: each emitted token's top-2 margin, and each tested node's plain softmax probability
-        (a one-hot 1.0/0.0 would tell a viewer nothing)."""
+        """For greedy decoding: each emitted token's top-2 margin, each tested node's plain softmax probability (a
+        one-hot 1.0/0.0 would tell a viewer nothing), and 1.0 for each emitted token, the greedy distribution's."""
         parents = [tree.parents[j] for j in verdict.accepted]
         if verdict.extra is not None:
             parents.append(verdict.accepted[-1] if verdict.accepted else -1)
@@ -211,4 +224,4 @@ class SpeculativeEngine:
         log_norm = {u: float(torch.logsumexp(row(u), -1)) for u in {tree.parents[j] for j in verdict.accept_probs}}
         target_p = {j: math.exp(float(row(tree.parents[j])[tree.tokens[j]]) - log_norm[tree.parents[j]])
                     for j in verdict.accept_probs}
-        return Seen(target_p, margins)
+        return Seen(target_p, margins, (1.0,) * len(parents))

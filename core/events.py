@@ -185,3 +185,4 @@ class GenerationResult:
     stats: GenerationStats
     stop_reason: StopReason
     origins: tuple[Origin, ...] = field(default=())
+    token_probs: tuple[float, ...] = field(default=())   # the sampling distribution's probability of each token

@@ -52,11 +52,12 @@ class IncrementalDecoder:
 @dataclass(frozen=True)
 class Seen:
     """What verification saw that the views show: the target's probability of each tested node (the sampling
-    distribution's, or the plain softmax's for greedy decoding) and, for greedy, the top-2 margin of each emitted
-    token."""
+    distribution's, or the plain softmax's for greedy decoding), for greedy, the top-2 margin of each emitted token,
+    and the sampling distribution's probability of each emitted token (what a remembered answer records)."""
 
     target_p: dict[int, float]
     margins: tuple[float | None, ...] = ()
+    emitted_p: tuple[float, ...] = ()
 
 
 class GenerationRecord:
@@ -67,6 +68,7 @@ class GenerationRecord:
         self.target = target
         self.tokens = list(prompt)
         self.new: list[int] = []
+        self.probs: list[float] = []      # the sampling distribution's probability of each new token
         self.origins: list[Origin] = []
         self.events: list[StepEvent] = []
         self.text_parts: list[str] = []
@@ -92,6 +94,7 @@ class GenerationRecord:
             origins.append(Origin.BONUS if verdict.bonus else Origin.CORRECTION)
         self.tokens += emitted
         self.new += emitted
+        self.probs += seen.emitted_p
         self.origins += origins
         text, spans = self.decoder.push(emitted)
         self.text_parts.append(text)
@@ -123,4 +126,5 @@ class GenerationRecord:
 
     def result(self, stop: StopReason) -> GenerationResult:
         return GenerationResult(tokens=tuple(self.new), text="".join(self.text_parts), steps=tuple(self.events),
-                                stats=self.stats, stop_reason=stop, origins=tuple(self.origins))
+                                stats=self.stats, stop_reason=stop, origins=tuple(self.origins),
+                                token_probs=tuple(self.probs))

@@ -56,6 +56,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def distribution_key(self) -> str:
+        """The settings the sampling distribution depends on (not the seed, which only picks a sample from it): two
+        generations with equal keys draw each token from the same distribution after the same context."""
+        return f"temperature={self.temperature:g} top_k={self.top_k} top_p={self.top_p:g} min_tokens={self.min_tokens}"
+
 
 def without_tokens(logits: torch.Tensor, ids) -> torch.Tensor:
     """A copy of a row of logits in which ``ids`` can never be chosen (-inf)."""

@@ -83,3 +83,23 @@ def first_two_tokens_exact(target, draft, strategy, params, prompt: list[int]) -
         if first[a] > 0:
             expected[a] = first[a] * logits_to_probs(target.logits_for(prompt + [a]), params)
     return got, expected
+
+
+def greedy_identical_on_random_tables(strategy, prompt: list[int], seeds: int = 6, vocab: int = 9,
+                                      new_tokens: int = 12) -> int:
+    """Assert that ``strategy`` decodes ``prompt`` greedily token for token as plain decoding does on ``seeds`` sharp
+    random table targets; returns how many nodes it drafted in all (a test also asserts that it drafted)."""
+    from core.drafting import Baseline
+    from core.engine import SpeculativeEngine
+    from core.sampling import SamplingParams
+    from tests.table_backend import TableBackend, random_table
+
+    greedy = SamplingParams(temperature=0.0)
+    drafted = 0
+    for seed in range(seeds):
+        target = TableBackend(random_table(vocab, seed=seed, sharp=3.0), vocab, "target")
+        expected = SpeculativeEngine(target, None, Baseline(), greedy).generate(prompt, new_tokens).tokens
+        result = SpeculativeEngine(target, None, strategy, greedy).generate(prompt, new_tokens)
+        assert result.tokens == expected, f"seed {seed}"
+        drafted += result.stats.drafted
+    return drafted

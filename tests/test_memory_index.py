@@ -175,11 +175,11 @@ def test_stats_buckets_and_calibration() -> None:
 
 def test_lru_eviction_keeps_recently_used_documents() -> None:
     memory = SuffixMemory("fp", max_bytes=2048)
-    ids = [memory.add_document([i] * 50) for i in range(4)]    # each ~420 bytes: all four fit
+    ids = [memory.add_document([i] * 45) for i in range(4)]    # each ~480 bytes: all four fit
     assert memory.documents == 4 and memory.nbytes <= 2048
     memory.touch({ids[0]})                                      # document 0 supplied a draft: now the most recent
     for i in range(4, 6):
-        memory.add_document([i] * 50)
+        memory.add_document([i] * 45)
     assert memory.nbytes <= 2048
     assert set(memory.state.uids.tolist()) == {ids[0], ids[3], 4, 5}   # 1 and 2 were the least recently used
     with pytest.raises(ValueError, match="does not fit"):

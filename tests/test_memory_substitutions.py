@@ -18,7 +18,7 @@ from core.memory.spelling import Spelling
 from core.memory.stats import EDITED, key
 from core.memory.substitutions import MAX_KEPT, MAX_TOKENS, Substitutions
 from core.sampling import SamplingParams
-from tests.exact import first_two_tokens_exact
+from tests.exact import first_two_tokens_exact, greedy_identical_on_random_tables
 from tests.test_memory_resume import edited_copy_target
 from tests.table_backend import TableBackend, random_table
 
@@ -336,15 +336,7 @@ def test_sampled_joint_distribution_is_exact_through_substitutions(params, setup
 
 @pytest.mark.parametrize("setup", TAUGHT)
 def test_greedy_identical_through_substitutions_on_random_targets(setup) -> None:
-    strategy, prompt = taught(setup, 4)
-    drafted = 0
-    for seed in range(6):
-        target = TableBackend(random_table(9, seed=seed, sharp=3.0), 9, "target")
-        expected = SpeculativeEngine(target, None, Baseline(), GREEDY).generate(prompt, 12).tokens
-        result = SpeculativeEngine(target, None, strategy, GREEDY).generate(prompt, 12)
-        assert result.tokens == expected, f"seed {seed}"
-        drafted += result.stats.drafted
-    assert drafted > 0
+    assert greedy_identical_on_random_tables(*taught(setup, 4)) > 0
 
 
 @pytest.mark.slow

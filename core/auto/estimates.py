@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from core.memory.stats import EDITED, MAX_PROB, RESUMED, MemoryStats, bucket, per_bucket, shorter_copies
+from core.memory.stats import (EDITED, MAX_PROB, RECORDED, RESUMED, MemoryStats, bucket, highest, per_bucket,
+                               shorter_copies)
 from core.tree import TokenTree
 from core.verify import Verdict
 
@@ -71,6 +72,8 @@ class PromptRates:
         self.accepted[b] += float(accepted)
 
     def factor(self, match: int) -> float:
+        if match == RECORDED:      # a recorded probability is already this token's own: no bucket rate corrects it
+            return 1.0
         b = bucket(match)
         prior = self.long_run.rate(match)
         if prior <= 0:
@@ -88,8 +91,11 @@ class PromptRates:
         The fixed cap kept a regenerated answer, copied whole from the earlier one, in 16-token calls on a machine where
         a call of 64 costs 25 plain steps: at 0.98 a node, 64 are predicted to give 36 tokens. Replaying the bench's
         recorded greedy answers at that machine's costs (tools/replay.py), regenerations went 1.64x -> 1.99x of plain
-        decoding, and a rename whose record passed the cap lost one 42-node bet (1.13x -> 0.99x).
+        decoding, and a rename whose record passed the cap lost one 42-node bet (1.13x -> 0.99x). A recorded
+        probability may reach certainty (core.memory.stats.highest).
         """
+        if match == RECORDED:
+            return highest(match)
         b = bucket(match)
         prior = self.long_run.rate(match)
         return max(MAX_PROB, self._observed(b, prior)) if prior > 0 else MAX_PROB

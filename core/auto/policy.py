@@ -331,9 +331,9 @@ class AutoDrafter(DrafterBase):
             if self._model_steps >= DRIFT_STEPS:
                 self._check_drift()
 
-    def finish(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+    def finish(self, prompt: Sequence[int], answer: Sequence[int], probs: Sequence[float]) -> None:
         """Remember the answer (an earlier answer to the same prompt drafts a regenerated one)."""
-        self.memory.remember(prompt, answer)
+        self.memory.remember(prompt, answer, probs)
 
     def _check_drift(self) -> None:
         vector = self.tracker.vector()

@@ -36,7 +36,9 @@ class Auto:
     The engine binds it to its models before a generation: the plan is loaded from the cache or measured, its
     verification settings applied, and the memory of earlier texts opened (``memory=`` gives one; ``use_memory=False``
     drafts from the current text only; ``resume=False`` never guesses where a copy resumes after an edit, nor applies
-    an edit again; ``spell=False`` leaves a rename on the tokens it was learnt on, without the target's spelling).
+    an edit again; ``spell=False`` leaves a rename on the tokens it was learnt on, without the target's spelling;
+    ``probs=False`` estimates a remembered answer's tokens by how often copies hold, not by the probability each was
+    drawn with).
     Pass ``plan=`` to decide from given measurements (tests inject latencies this way, with ``clock=None`` so that the
     real steps' timings do not correct them).
 
@@ -47,7 +49,8 @@ class Auto:
 
     def __init__(self, plan: Plan | None = None, cache: bool = True, refresh: bool = False,
                  memory: SuffixMemory | None = None, use_memory: bool = True, resume: bool = True,
-                 clock: Callable[[], float] | None = time.perf_counter, spell: bool = True) -> None:
+                 clock: Callable[[], float] | None = time.perf_counter, spell: bool = True,
+                 probs: bool = True) -> None:
         self.plan = plan
         self._fixed = plan is not None
         self.cache = cache
@@ -56,6 +59,7 @@ class Auto:
         self.use_memory = use_memory
         self.resume = resume
         self.spell = spell
+        self.probs = probs
         self.clock = clock
         self.step_costs = StepCosts()
         self.report: Report | None = None   # progress of a measurement, for a window that shows it
@@ -98,7 +102,8 @@ class Auto:
         tree_draft = self._tree_draft if self._tree_draft is not None else draft
         if tree_draft is not None and self.plan.tree_pays():
             model = ModelDrafter(tree_draft, self.plan.tree.parents, "without_replacement", params, rng, "draft")
-        memory = MemoryDrafter(self.memory if self.use_memory else None, resume=self.resume, spelling=self.spelling)
+        memory = MemoryDrafter(self.memory if self.use_memory else None, resume=self.resume, spelling=self.spelling,
+                               sampling=params if self.probs else None)
         self.last_drafter = AutoDrafter(self.plan, memory, model, self._replanned, self.step_costs, self.clock)
         return self.last_drafter
 
@@ -107,7 +112,7 @@ def attach_memory(strategy, memory: SuffixMemory):
     """``strategy`` drafting from ``memory`` instead of the user's memory of earlier texts (Auto, Memory); any other
     strategy as it is."""
     if isinstance(strategy, Auto):
-        return Auto(memory=memory, resume=strategy.resume, spell=strategy.spell)
+        return Auto(memory=memory, resume=strategy.resume, spell=strategy.spell, probs=strategy.probs)
     if isinstance(strategy, Memory):
         return strategy.attached(memory)
     return strategy

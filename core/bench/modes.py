@@ -29,7 +29,8 @@ MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia sha
              "SpecTr's K-SEQ), ngram[:K], memory[:BUDGET], merge[:K] (draft chain + n-gram), self:L[:K] (the "
              "target's first L layers draft a chain of K; transformers backend), adaptive, auto[:noresume] (Auto "
              "without guesses of where a copy resumes after an edit, nor edits applied again), auto:nospelling "
-             "(Auto without the tokenizer's spelling: a rename stays on the tokens it was learnt on), "
+             "(Auto without the tokenizer's spelling: a rename stays on the tokens it was learnt on), auto:noprobs (Auto "
+             "estimating a remembered answer's tokens without the probabilities they were drawn with), "
              f"{HF_ASSISTED} (transformers backend only), {LLAMA_SERVER}[:ngram|:draft|:both] (llama.cpp's own server "
              "on the same files and threads: plain, its --spec-default n-gram drafts, the draft model, or both), "
              f"{ENDPOINT}URL[#MODEL] (any OpenAI-compatible server: another SpecLens, llama-server, vLLM, SGLang; "
@@ -38,7 +39,7 @@ MODE_HELP = (f"baseline, {NATIVE}, chain[:K], tree[:BUDGET[:DEPTH]] (Sequoia sha
              "reference, whose ratios show the noise floor)")
 
 
-AUTO_FLAGS = {"noresume", "nospelling"}
+AUTO_FLAGS = {"noresume", "nospelling", "noprobs"}
 
 
 class BenchError(ValueError):
@@ -96,7 +97,7 @@ def strategy_for(mode: str):
         if name == "adaptive" and not nums:
             return AdaptiveChain()
         if name == "auto" and not nums:
-            return Auto(resume="noresume" not in flags, spell="nospelling" not in flags)
+            return Auto(resume="noresume" not in flags, spell="nospelling" not in flags, probs="noprobs" not in flags)
     except BenchError:
         raise
     except ValueError as exc:

@@ -35,6 +35,7 @@ from core.auto.plan import Plan
 from core.engine import SpeculativeEngine
 from core.memory import MemoryDrafter, MemoryProposal, SuffixMemory
 from core.memory.proposal import SOURCE
+from core.sampling import SamplingParams
 from core.tree import TokenTree
 
 
@@ -130,8 +131,9 @@ class ScriptedTarget:
 class ChargedMemoryDrafter(MemoryDrafter):
     """Memory's drafter whose every lookup moves the replay's clock by ``LOOKUP_SECONDS``."""
 
-    def __init__(self, memory: SuffixMemory, clock: SimulatedClock, resume: bool = True, spelling=None) -> None:
-        super().__init__(memory, resume=resume, spelling=spelling)
+    def __init__(self, memory: SuffixMemory, clock: SimulatedClock, resume: bool = True, spelling=None,
+                 sampling: SamplingParams | None = None) -> None:
+        super().__init__(memory, resume=resume, spelling=spelling, sampling=sampling)
         self.clock = clock
 
     def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1,
@@ -144,8 +146,8 @@ class KnowingMemoryDrafter(ChargedMemoryDrafter):
     """Memory's proposals cut to the path the recorded ``answer`` takes after ``prompt``, each node certain."""
 
     def __init__(self, memory: SuffixMemory, clock: SimulatedClock, prompt: Sequence[int], answer: Sequence[int],
-                 resume: bool = True, spelling=None) -> None:
-        super().__init__(memory, clock, resume, spelling)
+                 resume: bool = True, spelling=None, sampling: SamplingParams | None = None) -> None:
+        super().__init__(memory, clock, resume, spelling, sampling)
         self.script = list(prompt) + list(answer)
 
     def propose(self, context: Sequence[int], max_nodes: int, max_depth: int, min_match: int = 1,
@@ -181,12 +183,12 @@ class _ReplayedAuto(Auto):
 
     def make_drafter(self, draft, params, rng):
         drafter = super().make_drafter(draft, params, rng)
-        drafter.memory = self.memory_drafter()
+        drafter.memory = self.memory_drafter(params if self.probs else None)
         drafter.lookup_timer = self.clock
         return drafter
 
-    def memory_drafter(self) -> MemoryDrafter:
-        return ChargedMemoryDrafter(self.memory, self.clock, self.resume, self.spelling)
+    def memory_drafter(self, sampling: SamplingParams | None) -> MemoryDrafter:
+        return ChargedMemoryDrafter(self.memory, self.clock, self.resume, self.spelling, sampling)
 
 
 class _KnowingAuto(_ReplayedAuto):
@@ -199,8 +201,9 @@ class _KnowingAuto(_ReplayedAuto):
         drafter.rates = _CertainRates(drafter.memory.stats)
         return drafter
 
-    def memory_drafter(self) -> MemoryDrafter:
-        return KnowingMemoryDrafter(self.memory, self.clock, self.prompt, self.answer, self.resume, self.spelling)
+    def memory_drafter(self, sampling: SamplingParams | None) -> MemoryDrafter:
+        return KnowingMemoryDrafter(self.memory, self.clock, self.prompt, self.answer, self.resume, self.spelling,
+                                    sampling)
 
 
 @dataclass(frozen=True)
@@ -229,8 +232,8 @@ def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size:
     clock = SimulatedClock()
     target = ScriptedTarget(prompt, answer, costs, clock, vocab_size, tokenizer=tokenizer)
     memory = memory if memory is not None else SuffixMemory("scripted")
-    if earlier:
-        memory.add_answer(prompt, earlier)
+    if earlier:     # remembered as the bench does a greedy earlier answer: each token drawn with probability 1
+        memory.add_answer(prompt, earlier, [1.0] * len(earlier), SamplingParams().distribution_key)
     auto = (_KnowingAuto(prompt, answer, plan=plan, memory=memory, clock=clock) if knowing
             else _ReplayedAuto(plan=plan, memory=memory, clock=clock))
     out = SpeculativeEngine(target, None, auto).generate(prompt, len(answer))

@@ -197,7 +197,7 @@ def _memory_for(setup: BenchSetup, prompt: dict, ids: list[int], before, log: Lo
         return before
     engine = SpeculativeEngine(setup.target, None, Baseline(), earlier_sampling(setup.sampling))
     earlier = setup.call(lambda: engine.generate(ids, setup.max_new_tokens))
-    setup.memory.add_answer(ids, earlier.tokens)
+    setup.memory.add_answer(ids, earlier.tokens, earlier.token_probs, engine.sampling.distribution_key)
     log(f"  {prompt['set']}/{prompt['id']}: remembered an earlier answer of {len(earlier.tokens)} tokens")
     return setup.memory.snapshot()
 

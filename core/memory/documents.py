@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from core.memory.index import MAX_MATCH, CorpusIndex
+from core.memory.index import MAX_MATCH, CorpusIndex, recorded_bytes
 from core.memory.stats import MemoryStats
 
 log = logging.getLogger(__name__)
@@ -25,14 +25,16 @@ TOKEN_LIMIT = 2**31 - 1   # token ids are stored as int32
 DOCUMENT_OVERHEAD = 64    # bytes of a document's start, id, stamp and label bookkeeping, in memory and on disk
 
 
-def _document_bytes(length: int, key: str | None, source: str) -> int:
-    """Bytes a document adds: its tokens and separator, its suffix-array entries, its bookkeeping and labels."""
-    return 4 * (length + 1) + 4 * max(length - 1, 0) + DOCUMENT_OVERHEAD + len(key or "") + len(source)
+def _document_bytes(length: int, key: str | None, source: str, sampling: str = "") -> int:
+    """Bytes a document adds: its tokens and separator with their recorded probabilities, its suffix-array entries,
+    its bookkeeping and labels."""
+    return 5 * (length + 1) + 4 * max(length - 1, 0) + DOCUMENT_OVERHEAD + len(key or "") + len(source) + len(sampling)
 
 
 @dataclass(frozen=True)
 class MemoryState:
-    """The documents (in corpus order) with their ids, last-use stamps, keys and sources, and the suffix index."""
+    """The documents (in corpus order) with their ids, last-use stamps, keys, sources and the sampling settings their
+    recorded probabilities belong to, and the suffix index."""
 
     index: CorpusIndex = field(default_factory=CorpusIndex)
     uids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -41,6 +43,11 @@ class MemoryState:
     sources: tuple[str, ...] = ()
     clock: int = 0            # last stamp handed out
     next_uid: int = 0
+    samplings: tuple[str, ...] | None = None   # per document a SamplingParams.distribution_key, "" when none recorded
+
+    def __post_init__(self) -> None:
+        if self.samplings is None:
+            object.__setattr__(self, "samplings", ("",) * len(self.uids))
 
     @property
     def documents(self) -> int:
@@ -52,8 +59,9 @@ class MemoryState:
 
     @property
     def nbytes(self) -> int:
-        return (self.index.text.nbytes + self.index.order.nbytes + self.documents * DOCUMENT_OVERHEAD
-                + sum(len(k or "") + len(s) for k, s in zip(self.keys, self.sources)))
+        return (self.index.text.nbytes + self.index.order.nbytes + self.index.probs.nbytes
+                + self.documents * DOCUMENT_OVERHEAD
+                + sum(len(k or "") + len(s) + len(d) for k, s, d in zip(self.keys, self.sources, self.samplings)))
 
     def recent(self, ends: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``limit`` most recent of the occurrence ends ``ends`` (documents used last first, then later in the
@@ -63,10 +71,21 @@ class MemoryState:
         order = np.lexsort((-ends.astype(np.int64), -self.stamps[docs]))[:limit]
         return ends[order], self.uids[docs[order]]
 
+    def recorded(self, ends: np.ndarray, depth: int, sampling: str) -> np.ndarray:
+        """The recorded probabilities of the ``depth`` tokens after each end (CorpusIndex.recorded), 0 in the
+        documents recorded under other sampling settings than ``sampling``: there the same token was drawn from
+        another distribution."""
+        out = self.index.recorded(ends, depth)
+        other = np.array([d != sampling for d in self.samplings], bool)
+        if len(other) and other.any():
+            out[other[self.index.document_of(ends)]] = 0.0
+        return out
+
     def without(self, drop: Sequence[int]) -> "MemoryState":
         keep = np.setdiff1d(np.arange(self.documents), np.asarray(drop, np.int64))
         return replace(self, index=self.index.without(drop), uids=self.uids[keep], stamps=self.stamps[keep],
-                       keys=tuple(self.keys[i] for i in keep), sources=tuple(self.sources[i] for i in keep))
+                       keys=tuple(self.keys[i] for i in keep), sources=tuple(self.sources[i] for i in keep),
+                       samplings=tuple(self.samplings[i] for i in keep))
 
     def evicted(self, max_bytes: int, keep_uid: int | None = None) -> "MemoryState":
         """Least recently used documents dropped until the state fits in ``max_bytes`` (never ``keep_uid``)."""
@@ -80,7 +99,7 @@ class MemoryState:
             if self.uids[i] == keep_uid:
                 continue
             drop.append(i)
-            excess -= _document_bytes(len(self.index.document(i)), self.keys[i], self.sources[i])
+            excess -= _document_bytes(len(self.index.document(i)), self.keys[i], self.sources[i], self.samplings[i])
         return self.without(drop)
 
 
@@ -134,9 +153,14 @@ class SuffixMemory:
     def nbytes(self) -> int:
         return self._state.nbytes
 
-    def add_document(self, tokens: Sequence[int], key: str | None = None, source: str = "answer") -> int:
+    def add_document(self, tokens: Sequence[int], key: str | None = None, source: str = "answer",
+                     probs: Sequence[float] = (), sampling: str = "") -> int:
         """Remember ``tokens``; returns the document's id. A document with the same ``key`` (e.g. a conversation
-        that grew) is replaced. Least recently used documents are evicted to stay within ``max_bytes``."""
+        that grew) is replaced. Least recently used documents are evicted to stay within ``max_bytes``.
+
+        ``probs``, when given, holds the probability each of the last ``len(probs)`` tokens was drawn with from the
+        sampling distribution of ``sampling`` (a SamplingParams.distribution_key): a copy of them drafted again under
+        the same settings then knows which of its tokens were a toss-up."""
         doc = np.asarray(tokens)
         if doc.ndim != 1 or not len(doc) or doc.dtype.kind not in "iu":
             raise ValueError("a document must be a non-empty sequence of integer token ids")
@@ -145,26 +169,38 @@ class SuffixMemory:
         if not (key is None or isinstance(key, str)) or not isinstance(source, str):
             raise ValueError(f"a document's key must be a string or None and its source a string, got {key!r}, "
                              f"{source!r}")
-        if _document_bytes(len(doc), key, source) + 4 > self.max_bytes:
+        probs = np.asarray(probs, np.float64)
+        if probs.ndim != 1 or len(probs) > len(doc) or not np.all((probs >= 0) & (probs <= 1)) or \
+                not isinstance(sampling, str) or (len(probs) and not sampling):
+            raise ValueError("recorded probabilities must be in [0, 1], at most one per token, and come with the "
+                             "sampling settings they were drawn under")
+        sampling = sampling if len(probs) else ""
+        if _document_bytes(len(doc), key, source, sampling) + 4 > self.max_bytes:
             raise ValueError(f"a document of {len(doc)} tokens does not fit in a memory of {self.max_bytes} bytes")
         with self._lock:
             state = self._state
             if key is not None and key in state.keys:
                 state = state.without([state.keys.index(key)])
             uid, clock = state.next_uid, state.clock + 1
-            state = replace(state, index=state.index.appended(doc.astype(np.int32)),
+            recorded = np.concatenate([np.zeros(len(doc) - len(probs), np.uint8), recorded_bytes(probs)])
+            state = replace(state, index=state.index.appended(doc.astype(np.int32), recorded),
                             uids=np.append(state.uids, uid), stamps=np.append(state.stamps, clock),
                             keys=state.keys + (key,), sources=state.sources + (source,),
-                            clock=clock, next_uid=uid + 1)
+                            clock=clock, next_uid=uid + 1, samplings=state.samplings + (sampling,))
             self._state = state.evicted(self.max_bytes, keep_uid=uid)
         return uid
 
-    def add_answer(self, prompt: Sequence[int], answer: Sequence[int]) -> int | None:
+    def add_answer(self, prompt: Sequence[int], answer: Sequence[int], probs: Sequence[float] = (),
+                   sampling: str = "") -> int | None:
         """Remember an answer behind the end of its prompt, so that the same prompt drafts it next time
-        (Regenerate). Nothing is stored for an empty answer."""
+        (Regenerate), with the probability each token was drawn with under ``sampling`` when given
+        (:meth:`add_document`). Nothing is stored for an empty answer."""
         if not len(answer):
             return None
-        return self.add_document(list(prompt[-PROMPT_TAIL:]) + list(answer), source="answer")
+        if len(probs) and len(probs) != len(answer):
+            raise ValueError(f"{len(probs)} recorded probabilities for an answer of {len(answer)} tokens")
+        return self.add_document(list(prompt[-PROMPT_TAIL:]) + list(answer), source="answer", probs=probs,
+                                 sampling=sampling)
 
     def touch(self, uids: set[int] | Sequence[int]) -> None:
         """Mark documents as just used (they supplied an accepted draft): the last to be evicted."""

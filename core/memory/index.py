@@ -30,6 +30,12 @@ FEW_CANDIDATES = 64                     # ... and up to how many are compared at
 REBUILD_SHARE = 32  # a document adding more than 1/REBUILD_SHARE of the indexed positions is sorted in afresh
 
 
+def recorded_bytes(probs: Sequence[float]) -> np.ndarray:
+    """Probabilities kept in a byte each: ``round(255 p)``, at least 1 (a drawn token had some probability), so that
+    0 means "not recorded". Steps of 0.004 are finer than any estimate needs."""
+    return np.clip(np.rint(np.asarray(probs, np.float64) * 255.0), 1, 255).astype(np.uint8)
+
+
 def _leading_true(eq: np.ndarray) -> np.ndarray:
     """Per row, how many columns agree before the first disagreement."""
     return np.where(eq.all(axis=1), eq.shape[1], eq.argmin(axis=1))
@@ -129,14 +135,18 @@ def _inserted(text: np.ndarray, order: np.ndarray, new: np.ndarray) -> np.ndarra
 
 @dataclass(frozen=True)
 class CorpusIndex:
-    """Remembered documents and their backward suffix array. Immutable: every change returns a new index, so a
-    reader holding one (a drafting step, a snapshot) is never disturbed."""
+    """Remembered documents and their backward suffix array, and beside the text, the probability each token was
+    drawn with where it was recorded (:func:`recorded_bytes`; 0: not recorded). Immutable: every change returns a new
+    index, so a reader holding one (a drafting step, a snapshot) is never disturbed."""
 
     text: np.ndarray = field(default_factory=lambda: np.array([SEP], np.int32))
     order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # first position of each document
+    probs: np.ndarray | None = None     # uint8 beside ``text``; None: nothing recorded
 
     def __post_init__(self) -> None:
+        if self.probs is None:
+            object.__setattr__(self, "probs", np.zeros(len(self.text), np.uint8))
         # plain-int views: the binary search probes a few dozen entries per token matched, and a memoryview gives
         # Python ints several times faster than numpy scalar indexing (numpy calls cost more than the whole search)
         object.__setattr__(self, "_text_mv", memoryview(self.text))
@@ -158,15 +168,17 @@ class CorpusIndex:
         end = self.starts[i + 1] - 1 if i + 1 < len(self.starts) else len(self.text) - 1
         return self.text[self.starts[i]:end]
 
-    def appended(self, doc: np.ndarray) -> "CorpusIndex":
-        """A new index with ``doc`` as the last document."""
+    def appended(self, doc: np.ndarray, probs: np.ndarray | None = None) -> "CorpusIndex":
+        """A new index with ``doc`` as the last document, with ``probs`` (:func:`recorded_bytes`) beside it."""
         start = len(self.text)
         text = np.concatenate([self.text, np.asarray(doc, np.int32), np.array([SEP], np.int32)])
+        kept = np.concatenate([self.probs, probs if probs is not None else np.zeros(len(doc), np.uint8),
+                               np.zeros(1, np.uint8)])
         starts = np.append(self.starts, start)
         new = np.arange(start, start + len(doc) - 1, dtype=np.int32)   # the last token has no continuation
         if len(new) * REBUILD_SHARE > len(self.order):
-            return CorpusIndex(text, _sorted_ends(text), starts)
-        return CorpusIndex(text, _inserted(text, self.order, new) if len(new) else self.order, starts)
+            return CorpusIndex(text, _sorted_ends(text), starts, kept)
+        return CorpusIndex(text, _inserted(text, self.order, new) if len(new) else self.order, starts, kept)
 
     def without(self, drop: Sequence[int]) -> "CorpusIndex":
         """A new index without the documents ``drop`` (indices); the others keep their order."""
@@ -178,7 +190,7 @@ class CorpusIndex:
         keep_docs = np.setdiff1d(np.arange(len(self.starts)), np.asarray(drop, np.int64))
         order = self.order[~gone[self.order]]
         return CorpusIndex(self.text[~gone], (order - shift[order]).astype(np.int32),
-                           self.starts[keep_docs] - shift[self.starts[keep_docs]])
+                           self.starts[keep_docs] - shift[self.starts[keep_docs]], self.probs[~gone])
 
     def document_of(self, ends: np.ndarray) -> np.ndarray:
         """Index of the document holding each position."""
@@ -186,6 +198,14 @@ class CorpusIndex:
 
     def continuations(self, ends: np.ndarray, depth: int) -> np.ndarray:
         return _forward(self.text, ends, depth)
+
+    def recorded(self, ends: np.ndarray, depth: int) -> np.ndarray:
+        """The recorded probability of each token of :meth:`continuations` (float64; 0 where none was recorded, and
+        from a document's end on)."""
+        rows = np.clip(ends[:, None].astype(np.int64) + 1 + np.arange(depth), None, len(self.text) - 1)
+        out = self.probs[rows] / 255.0
+        out[np.logical_or.accumulate(self.text[rows] == SEP, axis=1)] = 0.0
+        return out
 
     def longest(self, suffix: Sequence[int]) -> tuple[int, np.ndarray]:
         """(m, ends): the longest ``m`` such that ``suffix[:m]`` (the context's last tokens, newest first) occurs

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from core.memory.index import SEP
-from core.memory.stats import EDITED, KAPPA, MemoryStats, calibrated, key
+from core.memory.stats import EDITED, KAPPA, RECORDED, MemoryStats, calibrated, key
 from core.tree import Proposal, TokenTree
 
 SOURCE = "memory"
@@ -59,7 +59,7 @@ class MemoryProposal:
 def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray, match: int, stats: MemoryStats,
                max_nodes: int, max_depth: int, first_match: int | None = None,
                least_first: Callable[[int], float] | None = None, remembered: bool = False,
-               edits: np.ndarray | None = None) -> MemoryProposal:
+               edits: np.ndarray | None = None, recorded: np.ndarray | None = None) -> MemoryProposal:
     """The best tree of at most ``max_nodes`` nodes and depth ``max_depth`` from continuations ``rows``.
 
     ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights``
@@ -71,6 +71,11 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     ``EDITED``, a guess about an edit that no match length describes (a substitution made once, then drafted through
     15 copied tokens at a long match's estimate, was an insertion the text did not repeat: ``):`` ->
     ``, encoding="utf-8"):``).
+    ``recorded`` (occurrences x depth, when given) holds the probability each row's token was drawn with, where a
+    remembered answer recorded it under the sampling settings at hand (0 elsewhere): a node all of whose rows
+    recorded one is estimated at their weighted mean, keyed ``RECORDED``. After the same context that is the
+    probability that a deterministic draft of the token is accepted, so a regeneration sampled anew sees where the
+    earlier sample forked (a 63-node call drafted across such a fork was lost at its first node).
     ``least_first(m)``: the least estimate a first node of ``m`` tokens of agreement needs for any tree to be worth
     drafting; below it the tree is the best first node alone (what a planner still learns from).
     A few dozen rows at most: plain Python lists beat numpy's per-call overhead at this size.
@@ -82,6 +87,7 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     order = sorted(range(len(table)), key=table.__getitem__)   # a node's occurrences become consecutive rows
     table = [table[i] for i in order]
     edited = [edits[i, :depth_cap].tolist() for i in order] if edits is not None else None
+    drawn = [recorded[i, :depth_cap].tolist() for i in order] if recorded is not None else None
     weight = weights.tolist()
     cumulative = list(accumulate((weight[i] for i in order), initial=0.0))
     heap: list[tuple] = []
@@ -114,9 +120,12 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
                 b += 1
             raw = (cumulative[b] - cumulative[a]) / total * confidence
             stats_key = group_match(a, b, depth)
+            if drawn is not None and stats_key != EDITED and all(drawn[i][col] > 0 for i in range(a, b)):
+                raw = sum(weight[order[i]] * drawn[i][col] for i in range(a, b)) / (cumulative[b] - cumulative[a])
+                stats_key = RECORDED
             if stats_key not in scales:
                 scales[stats_key] = stats.scale(stats_key)
-            p = calibrated(scales[stats_key], raw)
+            p = calibrated(scales[stats_key], raw, stats_key)
             heappush(heap, (-path_prob * p, next(ties), parent, a, b, depth, token, p, raw, stats_key))
             a = b
 

@@ -16,7 +16,10 @@ A copy of a remembered text (an earlier answer, an earlier conversation) is coun
 hand, in buckets of its own (:func:`key`). Two last buckets hold guesses about edits, which no match length
 describes since no token agrees behind them: ``RESUMED``, the first token of a copy guessed to resume after an edit
 (core.memory.resume), and ``EDITED``, the first new token of a substitution the text has made once, carried to the
-copy's next use of its old tokens (core.memory.substitutions).
+copy's next use of its old tokens (core.memory.substitutions). A third, ``RECORDED``, holds the nodes of a remembered
+answer whose tokens' probabilities were recorded under the sampling settings at hand: there the raw estimate is the
+probability the token was drawn with (what a deterministic draft of it is accepted with after the same context), and
+the bucket's calibration starts at 1.
 
 Only the remembered texts' buckets are carried from one generation to the next (:meth:`MemoryStats.forget_this_text`):
 how often a match in the text at hand holds depends on the prompt (an edit copies its source, new code only echoes
@@ -34,9 +37,11 @@ from dataclasses import dataclass, field
 
 BUCKET_STARTS = (1, 2, 3, 4, 5, 9, 17)          # match lengths 1, 2, 3, 4, 5-8, 9-16, 17+
 RESUMED = -1            # the key of a resumed copy's first token
-EDITED = 0              # the key of a once-made substitution's first new token: the last bucket
+EDITED = 0              # the key of a once-made substitution's first new token
+RECORDED = -1 - 2**20   # the key of a node whose probability was recorded: below every remembered text's key
 _LENGTHS = ("1", "2", "3", "4", "5-8", "9-16", "17+")
-BUCKET_LABELS = _LENGTHS + tuple(f"remembered {n}" for n in _LENGTHS) + ("resumed", "edited")
+BUCKET_LABELS = _LENGTHS + tuple(f"remembered {n}" for n in _LENGTHS) + ("resumed", "edited", "recorded")
+_RESUMED, _EDITED, _RECORDED = (BUCKET_LABELS.index(label) for label in ("resumed", "edited", "recorded"))
 # A generation starts this text's buckets from these: matches of 9-16 and 17+ tokens hold 0.92 and 0.97 of the time
 # on the bench's recorded answers (the estimates said 0.75 and 0.82); priors of 0.65 and 0.75 there kept a fresh copy
 # in calls of one or two nodes. Replayed (tools/replay.py, 45 prompts, four machines' costs), 0.75 and 0.85 gained
@@ -44,12 +49,13 @@ BUCKET_LABELS = _LENGTHS + tuple(f"remembered {n}" for n in _LENGTHS) + ("resume
 _PRIORS = (0.15, 0.25, 0.35, 0.45, 0.55, 0.75, 0.85)
 # A substitution made once is made again at its next use about two times in five: replaying the bench's 69 recorded
 # answers, 6 of 15 first uses were made, 8 made in part or not at all, one undone (the old tokens written).
-PRIOR_RATE = _PRIORS + _PRIORS + (0.55, 0.4)
-THIS_TEXT = tuple(range(len(BUCKET_STARTS))) + (len(BUCKET_LABELS) - 2, len(BUCKET_LABELS) - 1)   # started afresh
 PRIOR_WEIGHT = 4.0      # the prior counts as this many observations
 DECAY = 0.995
 KAPPA = 1.0             # pseudo-occurrences of an unseen continuation behind every raw estimate
 SINGLE = 1.0 / (1.0 + KAPPA)   # raw estimate of a token seen after one occurrence
+# A recorded probability is the acceptance itself after the same context: its bucket's calibration starts at 1
+PRIOR_RATE = _PRIORS + _PRIORS + (0.55, 0.4, SINGLE)
+THIS_TEXT = tuple(range(len(BUCKET_STARTS))) + (_RESUMED, _EDITED)   # started afresh by every generation
 MAX_PROB = 0.98         # no memory guess is certain
 
 
@@ -60,11 +66,13 @@ def key(match: int, remembered: bool = False) -> int:
 
 
 def bucket(stats_key: int) -> int:
-    """Index of the bucket of a statistics key (:func:`key`, ``RESUMED`` or ``EDITED``)."""
+    """Index of the bucket of a statistics key (:func:`key`, ``RESUMED``, ``EDITED`` or ``RECORDED``)."""
     if stats_key == EDITED:
-        return len(BUCKET_LABELS) - 1
+        return _EDITED
     if stats_key == RESUMED:
-        return len(BUCKET_LABELS) - 2
+        return _RESUMED
+    if stats_key == RECORDED:
+        return _RECORDED
     if stats_key < RESUMED:
         return len(BUCKET_STARTS) + bisect_right(BUCKET_STARTS, -1 - stats_key) - 1
     return bisect_right(BUCKET_STARTS, max(stats_key, 1)) - 1
@@ -75,14 +83,21 @@ def shorter_copies(b: int) -> range:
     two tokens up to just below ``b``'s; for the ``RESUMED`` and ``EDITED`` buckets, all of the text at hand's from two
     tokens up."""
     n = len(BUCKET_STARTS)
-    if b in (bucket(RESUMED), bucket(EDITED)):
+    if b in (_RESUMED, _EDITED):
         return range(1, n)
     return range(n + 1, b) if b >= n else range(1, b)
 
 
-def calibrated(scale: float, raw: float) -> float:
-    """A raw estimate times its bucket's calibration, kept below certainty."""
-    return min(MAX_PROB, scale * raw)
+def highest(stats_key: int) -> float:
+    """The most a node of this key may be judged: ``MAX_PROB``, or certainty for a recorded probability, which after
+    the same context is the acceptance itself (a greedy answer regenerated is accepted whole; kept below certainty,
+    it was drafted 15 nodes a call on a Zen 4, where 64 nodes cost 25 plain steps)."""
+    return 1.0 if stats_key == RECORDED else MAX_PROB
+
+
+def calibrated(scale: float, raw: float, stats_key: int) -> float:
+    """A raw estimate times its bucket's calibration, kept below :func:`highest`."""
+    return min(highest(stats_key), scale * raw)
 
 
 def per_bucket() -> list[float]:
@@ -111,7 +126,7 @@ class MemoryStats:
 
     def estimate(self, match: int, raw: float) -> float:
         """Calibrated probability that a node is accepted given its parent was."""
-        return calibrated(self.scale(match), raw)
+        return calibrated(self.scale(match), raw, match)
 
     def observe(self, match: int, accepted: bool, raw: float) -> None:
         b = bucket(match)
@@ -134,14 +149,14 @@ class MemoryStats:
     @classmethod
     def from_dict(cls, data: dict) -> "MemoryStats":
         """Raises ValueError when ``data`` is not what :meth:`to_dict` writes. A file written before the ``RESUMED``,
-        ``EDITED`` or remembered texts' buckets existed gets them empty."""
+        ``EDITED``, ``RECORDED`` or remembered texts' buckets existed gets them empty."""
         try:
             lists = [[float(v) for v in data[name]] for name in ("tested", "accepted", "predicted")]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"memory statistics are malformed: {exc}") from None
         n = len(BUCKET_STARTS)
-        older = {n: lambda v: v + [0.0] * (n + 2), n + 1: lambda v: v[:n] + [0.0] * n + v[n:] + [0.0],
-                 2 * n + 1: lambda v: v + [0.0]}
+        older = {n: lambda v: v + [0.0] * (n + 3), n + 1: lambda v: v[:n] + [0.0] * n + v[n:] + [0.0, 0.0],
+                 2 * n + 1: lambda v: v + [0.0, 0.0], 2 * n + 2: lambda v: v + [0.0]}
         lists = [older[len(v)](v) if len(v) in older else v for v in lists]
         if any(len(v) != len(BUCKET_LABELS) or not all(math.isfinite(x) and x >= 0 for x in v) for v in lists):
             raise ValueError("memory statistics have the wrong number of buckets or negative counts")

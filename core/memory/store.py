@@ -67,9 +67,9 @@ def _atomic_write(path: Path, write: Callable) -> None:
 
 def write_state(path: Path, fingerprint: str, state: MemoryState) -> None:
     meta = {"format": FORMAT, "fingerprint": fingerprint, "keys": list(state.keys), "sources": list(state.sources),
-            "clock": state.clock, "next_uid": state.next_uid}
+            "samplings": list(state.samplings), "clock": state.clock, "next_uid": state.next_uid}
     arrays = {"text": state.index.text, "order": state.index.order, "starts": state.index.starts,
-              "uids": state.uids, "stamps": state.stamps,
+              "uids": state.uids, "stamps": state.stamps, "probs": state.index.probs,
               "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
     _atomic_write(path, lambda f: np.savez(f, **arrays))
 
@@ -80,12 +80,14 @@ def _check(condition: bool, what: str) -> None:
 
 
 def read_state(path: Path, fingerprint: str, max_bytes: int) -> MemoryState:
-    """The state stored at ``path``; raises CorruptMemoryError when it cannot be trusted."""
+    """The state stored at ``path``; raises CorruptMemoryError when it cannot be trusted. A file written before
+    probabilities were recorded has none."""
     size = path.stat().st_size
     _check(size <= max_bytes + FILE_SLACK, f"it holds {size} bytes, more than the memory limit of {max_bytes}")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in ("text", "order", "starts", "uids", "stamps", "meta")}
+            probs = data["probs"] if "probs" in data.files else np.zeros(len(arrays["text"]), np.uint8)
         meta = json.loads(arrays.pop("meta").tobytes().decode())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise CorruptMemoryError(f"it cannot be read ({exc.__class__.__name__}: {exc})") from None
@@ -99,9 +101,13 @@ def read_state(path: Path, fingerprint: str, max_bytes: int) -> MemoryState:
     _check(len(text) > 0 and text[0] == SEP and text[-1] == SEP and int(text.min()) >= SEP, "bad text")
     _check(len(seps) == docs + 1 and np.array_equal(starts, seps[:-1] + 1) and bool(np.all(np.diff(seps) > 1)),
            "document boundaries do not match")
+    _check(probs.dtype == np.uint8 and probs.shape == text.shape, "bad recorded probabilities")
     keys, sources = meta.get("keys"), meta.get("sources")
+    samplings = meta.get("samplings", [""] * docs)
     _check(isinstance(keys, list) and isinstance(sources, list) and len(uids) == len(stamps) == len(keys)
            == len(sources) == docs, "document lists disagree")
+    _check(isinstance(samplings, list) and len(samplings) == docs and all(isinstance(d, str) for d in samplings),
+           "bad sampling settings")
     _check(all(k is None or isinstance(k, str) for k in keys) and all(isinstance(s, str) for s in sources),
            "bad document labels")
     _check(len(order) == len(text) - 2 * docs - 1, "the suffix array has the wrong length")
@@ -110,7 +116,8 @@ def read_state(path: Path, fingerprint: str, max_bytes: int) -> MemoryState:
         _check(bool(np.all(text[order] >= 0) and np.all(text[order + 1] >= 0)), "the suffix array points at ends")
     clock, next_uid = meta.get("clock"), meta.get("next_uid")
     _check(isinstance(clock, int) and isinstance(next_uid, int), "bad counters")
-    return MemoryState(CorpusIndex(text, order, starts), uids, stamps, tuple(keys), tuple(sources), clock, next_uid)
+    return MemoryState(CorpusIndex(text, order, starts, probs), uids, stamps, tuple(keys), tuple(sources), clock,
+                       next_uid, tuple(samplings))
 
 
 def read_stats(folder: Path, fingerprint: str) -> MemoryStats:

@@ -174,7 +174,7 @@ def run_request(models: ServedModels, request: ServeRequest, push: Callable[[obj
         memory.restore(before)
     result = engine.last_result
     if models.remember_answers and result.tokens:
-        memory.add_answer(prompt, result.tokens)
+        memory.add_answer(prompt, result.tokens, result.token_probs, engine.sampling.distribution_key)
     tail = stops.flush()
     if tail:
         push(Delta(tail))
