@@ -120,9 +120,12 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
                 b += 1
             raw = (cumulative[b] - cumulative[a]) / total * confidence
             stats_key = group_match(a, b, depth)
-            if drawn is not None and stats_key != EDITED and all(drawn[i][col] > 0 for i in range(a, b)):
-                raw = sum(weight[order[i]] * drawn[i][col] for i in range(a, b)) / (cumulative[b] - cumulative[a])
-                stats_key = RECORDED
+            if drawn is not None and stats_key != EDITED and drawn[a][col] > 0:
+                if b == a + 1:
+                    raw, stats_key = drawn[a][col], RECORDED
+                elif all(drawn[i][col] > 0 for i in range(a + 1, b)):
+                    raw = sum(weight[order[i]] * drawn[i][col] for i in range(a, b)) / (cumulative[b] - cumulative[a])
+                    stats_key = RECORDED
             if stats_key not in scales:
                 scales[stats_key] = stats.scale(stats_key)
             p = calibrated(scales[stats_key], raw, stats_key)
