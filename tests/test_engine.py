@@ -12,7 +12,7 @@ from core.backends.base import ContextLengthError
 from core.drafting import Baseline, Chain, Tree
 from core.backends.base import IncompatibleModelsError
 from core.engine import EmptyPromptError, SpeculativeEngine
-from core.events import Fate, Origin, StopReason
+from core.events import Fate, GenerationStats, Origin, StopReason
 from core.sampling import SamplingError, SamplingParams
 from core.tiny import tiny_pair
 from tests.table_backend import TableBackend, random_table
@@ -206,3 +206,16 @@ def test_cancel_during_a_long_prefill_stops_at_a_chunk() -> None:
     assert seen == [16] and len(target.committed) == 16    # one chunk read, the rest never started
     again = SpeculativeEngine(target).generate(list(range(1, 60)) * 5, 3)   # and the cache is reused after
     assert len(again.tokens) == 3
+
+
+def test_decode_speed_counts_what_the_first_step_emitted_with_the_first_token() -> None:
+    stats = GenerationStats(prefill_seconds=0.5)
+    for now, emitted in ((1.0, 5), (1.5, 1), (2.0, 2)):
+        stats = stats.after_step(now=now, emitted=emitted, drafted=0, accepted=[], reached=[], draft_seconds=0.0,
+                                 verify_seconds=0.0, target_seconds=0.0)
+    assert stats.time_to_first_token == 1.0 and stats.first_tokens == 5
+    assert stats.tokens_per_second == pytest.approx(3 / 1.0), "the 4 drafted with the first came in no decode time"
+    one = GenerationStats().after_step(now=1.0, emitted=1, drafted=0, accepted=[], reached=[], draft_seconds=0.0,
+                                       verify_seconds=0.0, target_seconds=0.0)
+    assert one.after_step(now=2.0, emitted=4, drafted=3, accepted=[1, 2, 3], reached=[1, 2, 3], draft_seconds=0.0,
+                          verify_seconds=0.0, target_seconds=0.0).tokens_per_second == pytest.approx(4.0)

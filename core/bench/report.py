@@ -72,7 +72,9 @@ def summarise(runs: list[dict], modes: list[str]) -> dict:
     for mode in modes:
         rows = [r for r in runs if r["mode"] == mode and r["surface"] == "engine"]
         decode_s = sum((r["seconds"] - (r["time_to_first_token"] or 0.0)) for r in rows)
-        entry: dict = {"tokens_per_s": sum(max(r["new_tokens"] - 1, 0) for r in rows) / max(decode_s, 1e-12),
+        # rows of rounds before first_tokens was recorded counted one
+        entry: dict = {"tokens_per_s": sum(max(r["new_tokens"] - r.get("first_tokens", 1), 0) for r in rows)
+                       / max(decode_s, 1e-12),
                        "time_to_first_token": statistics.median([r["time_to_first_token"] or 0.0 for r in rows])
                        if rows else None}
         base = ratios(runs, mode, "baseline")

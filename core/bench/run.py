@@ -96,6 +96,7 @@ def engine_row(result: GenerationResult, strategy) -> dict:
     s = result.stats
     row = {"new_tokens": s.new_tokens, "seconds": s.seconds, "tokens_per_s": s.overall_tokens_per_second,
            "decode_tokens_per_s": s.tokens_per_second, "time_to_first_token": s.time_to_first_token,
+           "first_tokens": s.first_tokens,
            "prefill_seconds": s.prefill_seconds, "target_calls": s.target_calls, "mean_accepted": s.mean_accepted,
            "acceptance_by_depth": list(s.acceptance_by_depth), "drafted": s.drafted, "accepted": s.accepted,
            "draft_seconds": s.draft_seconds, "verify_seconds": s.verify_seconds,
@@ -113,12 +114,12 @@ def engine_row(result: GenerationResult, strategy) -> dict:
 
 
 def runner_row(out: RunnerResult) -> dict:
-    n = len(out.tokens)
+    n, first = len(out.tokens), out.first_tokens
     decode = out.seconds - out.time_to_first_token
     return {"new_tokens": n, "seconds": out.seconds, "tokens_per_s": n / out.seconds if out.seconds > 0 else 0.0,
-            "decode_tokens_per_s": (n - 1) / decode if n > 1 and decode > 0 else 0.0,
-            "time_to_first_token": out.time_to_first_token, "target_calls": None, "mean_accepted": None,
-            "acceptance_by_depth": [], "drafted": out.drafted, "accepted": out.accepted}
+            "decode_tokens_per_s": (n - first) / decode if n > first and decode > 0 else 0.0,
+            "time_to_first_token": out.time_to_first_token, "first_tokens": first, "target_calls": None,
+            "mean_accepted": None, "acceptance_by_depth": [], "drafted": out.drafted, "accepted": out.accepted}
 
 
 def identity(base: GenerationResult, other) -> str:

@@ -36,6 +36,7 @@ class RunnerResult:
     time_to_first_token: float
     drafted: int | None = None      # what the runner's own speculation drafted and the target accepted, if it says
     accepted: int | None = None
+    first_tokens: int = 1           # tokens that arrived with the first (a server's first chunk may carry several)
 
 
 class Runner(Protocol):
@@ -219,7 +220,7 @@ class EndpointRunner:
         out = self._answer(messages, max_new_tokens, sampling)
         stats = out.result.stats
         return RunnerResult(out.result.tokens, stats.seconds, stats.time_to_first_token or stats.seconds,
-                            out.stats.drafted, out.stats.accepted)
+                            out.stats.drafted, out.stats.accepted, max(stats.first_tokens, 1))
 
     def _answer(self, messages, max_new_tokens: int, sampling: SamplingParams):
         run = self._run()

@@ -203,9 +203,10 @@ class EndpointRun:
                     continue
                 now = time.perf_counter() - t0
                 n = max(1, self.count_tokens(piece))
+                first = stats.time_to_first_token is None
                 stats = replace(stats, new_tokens=stats.new_tokens + n, seconds=now, target_calls=stats.target_calls + 1,
-                                time_to_first_token=stats.time_to_first_token if stats.time_to_first_token is not None
-                                else now)
+                                time_to_first_token=now if first else stats.time_to_first_token,
+                                first_tokens=n if first else stats.first_tokens)
                 start = sum(len(t) for t in text)
                 text.append(piece)
                 steps.append(StepEvent(

@@ -120,8 +120,9 @@ def _timings(result: GenerationResult) -> dict:
     first = s.time_to_first_token or s.seconds
     return {"prompt_n": s.prompt_tokens - s.cached_tokens, "prompt_ms": 1000 * first, "cache_n": s.cached_tokens,
             "predicted_n": s.new_tokens, "predicted_ms": 1000 * (s.seconds - first),
-            # as llama-server: the first token comes with the prompt, the rest in the decode time (0 when there is none)
-            "predicted_per_second": (s.new_tokens - 1) / (s.seconds - first) if s.seconds > first else 0.0,
+            # as llama-server: the first token comes with the prompt, the rest in the decode time (0 when there is none),
+            # and what a first step drafted came with it (GenerationStats.tokens_per_second)
+            "predicted_per_second": s.tokens_per_second if s.seconds > first else 0.0,
             "draft_n": s.drafted, "draft_n_accepted": s.accepted,
             "draft_n_verif_steps": sum(1 for step in result.steps if step.nodes)}
 
