@@ -134,12 +134,9 @@ class AutoDrafter(DrafterBase):
             choice = "plain"
         self.choice = choice
         self.width = {"plain": 1, "memory": size + 1}.get(choice) or len(self.tree_plan.parents) + 1
-        self.counts[choice] += 1
         self._back_off(choice == "memory", lookup)
         expected, cost = options[choice]
-        self.predicted_tokens += expected
-        self.predicted_seconds += cost * factor[choice]
-        self.plain_seconds += lat.plain * factor["plain"]
+        self._tally(choice, expected, cost * factor[choice], lat.plain * factor["plain"])
         if started is not None:
             self._step = (choice, cost, started, self.width if choice == "memory" else None)
         self._shadow = (proposal, len(tokens)) if choice != "memory" and len(proposal.tree) else None
@@ -167,13 +164,18 @@ class AutoDrafter(DrafterBase):
         the earlier answer showed its first token 0.8 s after plain decoding's, on a 2-core Zen 4), and decoding it
         alone costs the whole answer one plain step at most. Untimed, as the prefill before it."""
         self.choice, self.width, self.shape, self._shadow = "plain", 1, None, None
-        self.counts["plain"] += 1
         seconds = self.latencies.plain * self.costs.factor("plain")
-        self.predicted_tokens += 1.0
-        self.predicted_seconds += seconds
-        self.plain_seconds += seconds
+        self._tally("plain", 1.0, seconds, seconds)
         self.note = "plain decoding: the first token comes alone, as soon as the prompt is read"
         return TokenTree()
+
+    def _tally(self, choice: str, expected: float, seconds: float, plain_seconds: float) -> None:
+        """Count a step's choice with the tokens and seconds it was predicted at, and a plain step's predicted
+        seconds beside them (:attr:`predicted_speedup`)."""
+        self.counts[choice] += 1
+        self.predicted_tokens += expected
+        self.predicted_seconds += seconds
+        self.plain_seconds += plain_seconds
 
     def _time_last_step(self) -> float | None:
         """Now, after charging the time since the last draft to the option that step took."""
