@@ -17,7 +17,8 @@ from core.memory import store
 from core.memory.documents import SuffixMemory
 from core.memory.drafter import MemoryDrafter, recency_weights
 from core.memory.index import MAX_MATCH, CorpusIndex, LiveIndex
-from core.memory.stats import BUCKET_STARTS, KAPPA, MAX_PROB, MemoryStats, bucket, key
+from core.memory.stats import (AGREEMENT_MATCH, BUCKET_STARTS, EDITED, KAPPA, MAX_PROB, RECORDED, RESUMED, MemoryStats,
+                               bucket, confidence, key)
 from core.memory.store import memory_dir, memory_path, open_memory
 
 
@@ -124,6 +125,25 @@ def test_proposal_counts_recency_and_shape() -> None:
     assert proposal.documents(five) == {1}   # the 5 came from the second document (id 1)
 
 
+def test_agreeing_occurrences_count_only_after_a_short_match() -> None:
+    """Two occurrences that go on alike make a node surer than one while the match is short; past
+    AGREEMENT_MATCH tokens a node is judged as if one occurrence backed it (core.memory.stats.confidence)."""
+    twice, once = SuffixMemory("fp"), SuffixMemory("fp")
+    for memory, copies in ((twice, 2), (once, 1)):
+        for _ in range(copies):
+            memory.add_document([1, 2, 3, 4, 5, 6, 7])
+    context = [9, 2, 3]                     # a match of 2: the nodes 4, 5, 6, 7 lie 2, 3, 4 and 5 tokens deep
+    assert AGREEMENT_MATCH == 3
+    agreed, alone = propose(twice, context), propose(once, context)
+    assert agreed.tree.tokens == alone.tree.tokens == [4, 5, 6, 7]
+    assert agreed.raw_probs == pytest.approx([2 / 3, 2 / 3, 1 / 2, 1 / 2])
+    assert alone.raw_probs == pytest.approx([1 / 2] * 4)
+    live = propose(None, [2, 3, 4, 5, 6, 0, 2, 3, 4, 5, 6, 8, 2, 3])    # this text: "2 3 4 5 6" twice, then "2 3"
+    assert live.tree.tokens[:4] == [4, 5, 6, 8] and live.raw_probs[:3] == pytest.approx([2 / 3, 2 / 3, 1 / 2])
+    for stats_key in (RESUMED, EDITED, RECORDED):     # guesses and recorded probabilities: not match lengths
+        assert confidence(3, stats_key) == pytest.approx(3 / (3 + KAPPA))
+
+
 def test_best_first_prefixes_are_the_best_subtrees() -> None:
     rnd = np.random.default_rng(9)
     memory = SuffixMemory("fp")
@@ -131,7 +151,7 @@ def test_best_first_prefixes_are_the_best_subtrees() -> None:
     for doc in docs:
         memory.add_document(doc)
     full = propose(memory, [1, 5, 6], max_nodes=40, max_depth=5)
-    assert len(full.tree) == 40 and full.tree.max_depth == 5
+    assert len(full.tree) == 40 and full.tree.max_depth <= 5
     for n in (1, 3, 7, 20):
         small = propose(memory, [1, 5, 6], max_nodes=n, max_depth=5)
         cut = full.tree.truncated(max_nodes=n)

@@ -167,6 +167,21 @@ def test_probabilities_need_the_context_to_agree_as_far_back_as_memory_looks() -
     assert short.propose(elsewhere, 8, 8).node_matches == (RECORDED,) * 6
 
 
+def test_an_answer_that_repeats_its_prompt_is_still_estimated_at_its_recorded_probabilities() -> None:
+    # the whole context [1, 2, 3, 4] is met twice in the remembered text: at its start, after the same context, and
+    # inside the answer, after another; both go on with the same tokens, and the first says what they were drawn with
+    prompt, answer = [1, 2, 3], [4, 1, 2, 3, 4, 1, 2, 3]
+    drawn = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+    memory = SuffixMemory("recorded")
+    memory.add_answer(prompt, answer, drawn, SAMPLED.distribution_key)
+    drafter = drafter_for(memory)
+    drafter.start(prompt)
+    proposal = drafter.propose(prompt + answer[:1], 8, 8)
+    assert proposal.occurrences == 2 and proposal.tree.tokens == answer[1:]
+    assert proposal.node_matches == (RECORDED,) * 7
+    assert proposal.node_probs == pytest.approx(drawn[1:], abs=0.5 / 255)
+
+
 def test_two_recorded_answers_are_branched_by_their_probabilities() -> None:
     memory = remembered()
     memory.add_answer(PROMPT, [5, 7, 7], [0.9, 0.6, 0.9], SAMPLED.distribution_key)

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from core.memory.index import SEP
-from core.memory.stats import EDITED, KAPPA, RECORDED, MemoryStats, calibrated, key
+from core.memory.stats import EDITED, RECORDED, MemoryStats, calibrated, confidence, key
 from core.tree import Proposal, TokenTree
 
 SOURCE = "memory"
@@ -64,7 +64,7 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
 
     ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights``
     how much each occurrence counts. A node's raw estimate is its share of the weight of the parent's occurrences that
-    go on, times ``n / (n + KAPPA)`` for ``n`` such occurrences; calibrated as in :meth:`MemoryStats.estimate` for
+    go on, times :func:`core.memory.stats.confidence` of ``n`` such occurrences; calibrated as in :meth:`MemoryStats.estimate` for
     ``match + depth - 1`` tokens of agreement (in a remembered text when ``remembered``), or for ``first_match`` at
     depth 1 when given (a resumed copy). ``edits`` (occurrences x depth, when given) marks where a row starts an edit
     the text has made once (core.memory.substitutions): a node that starts one in any of its rows is keyed
@@ -72,10 +72,11 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     15 copied tokens at a long match's estimate, was an insertion the text did not repeat: ``):`` ->
     ``, encoding="utf-8"):``).
     ``recorded`` (occurrences x depth, when given) holds the probability each row's token was drawn with, where a
-    remembered answer recorded it under the sampling settings at hand (0 elsewhere): a node all of whose rows
-    recorded one is estimated at their weighted mean, keyed ``RECORDED``. After the same context that is the
+    remembered answer recorded it under the sampling settings at hand (0 elsewhere): a node any of whose rows
+    recorded one is estimated at the weighted mean of those, keyed ``RECORDED``. After the same context that is the
     probability that a deterministic draft of the token is accepted, so a regeneration sampled anew sees where the
-    earlier sample forked (a 63-node call drafted across such a fork was lost at its first node).
+    earlier sample forked (a 63-node call drafted across such a fork was lost at its first node); the node's other
+    rows, after other contexts, add nothing to it (an answer that repeats its own lines backs its nodes with them).
     ``least_first(m)``: the least estimate a first node of ``m`` tokens of agreement needs for any tree to be worth
     drafting; below it the tree is the best first node alone (what a planner still learns from).
     A few dozen rows at most: plain Python lists beat numpy's per-call overhead at this size.
@@ -112,19 +113,17 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
         if first == hi:
             return
         total = cumulative[hi] - cumulative[first]
-        confidence = (hi - first) / (hi - first + KAPPA)
         a = first
         while a < hi:
             token, b = table[a][col], a + 1
             while b < hi and table[b][col] == token:
                 b += 1
-            raw = (cumulative[b] - cumulative[a]) / total * confidence
             stats_key = group_match(a, b, depth)
-            if drawn is not None and stats_key != EDITED and drawn[a][col] > 0:
-                if b == a + 1:
-                    raw, stats_key = drawn[a][col], RECORDED
-                elif all(drawn[i][col] > 0 for i in range(a + 1, b)):
-                    raw = sum(weight[order[i]] * drawn[i][col] for i in range(a, b)) / (cumulative[b] - cumulative[a])
+            raw = (cumulative[b] - cumulative[a]) / total * confidence(hi - first, stats_key)
+            if drawn is not None and stats_key != EDITED:
+                fit = [i for i in range(a, b) if drawn[i][col] > 0]
+                if fit:
+                    raw = sum(weight[order[i]] * drawn[i][col] for i in fit) / sum(weight[order[i]] for i in fit)
                     stats_key = RECORDED
             if stats_key not in scales:
                 scales[stats_key] = stats.scale(stats_key)
