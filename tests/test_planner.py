@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import core.auto.calibrate as calibrate
+import core.auto.policy as policy
 from core.auto import Auto, Plan, plan_key
 from core.auto.cache import load_plan, plan_path, save_plan
 from core.auto.cli import main as plan_main
@@ -18,7 +20,7 @@ from core.auto.plan import MAX_BUDGET, MAX_DEPTH, PLAN_VERSION, best_plan
 from core.auto.step_costs import MIN_SAMPLES, StepCosts
 from core.drafting import Baseline
 from core.engine import SpeculativeEngine
-from core.memory import MemoryStats, open_memory
+from core.memory import MemoryDrafter, MemoryStats, open_memory
 from core.memory.stats import MAX_PROB, RESUMED
 from core.sampling import SamplingParams
 from core.sequoia import solve
@@ -237,6 +239,32 @@ def test_the_first_token_comes_alone_and_a_copy_follows_it(tmp_path) -> None:
     assert events[0].nodes == () and len(events[0].tokens) == 1 and result.stats.first_tokens == 1
     assert len(events[1].tokens) == 39 and len(events) == 2
     assert auto.last_drafter.counts == {"plain": 1, "memory": 1, "tree": 0}
+
+
+def test_a_copy_under_way_is_looked_up_every_step_however_dear_its_lookups(tmp_path, monkeypatch) -> None:
+    # every lookup costs a tenth of a plain step (fruitless ones back off) and a draft pays only once the copy has
+    # held for a while: the answer copies its prompt from its first token, and each step past a match of
+    # COPY_UNDER_WAY tokens looks the copy up, so that it is drafted as soon as it pays
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(policy, "time", SimpleNamespace(perf_counter=lambda: 0.1 * next(ticks)))
+    target = TableBackend(cycle_table(vocab=24, period=23), 24)
+    plan = make_plan(target, None, {1: 1.0, 2: 1.9, 4: 3.6, 16: 9.0})
+    auto = Auto(plan, memory=open_memory("t", tmp_path), clock=None)
+    prompt = list(range(23))
+    looked_up = []
+    propose = MemoryDrafter.propose
+
+    def counted(self, context, *args, **kwargs):
+        looked_up.append(len(context) - len(prompt))
+        return propose(self, context, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryDrafter, "propose", counted)
+    result, events = run(target, None, auto, prompt=prompt, tokens=60)
+    assert result.tokens == baseline(target, prompt, 60).tokens
+    first_memory = next(e.step for e in events if e.nodes)
+    copying = range(policy.COPY_UNDER_WAY + 1, first_memory)      # steps whose context's match is that long
+    assert set(copying) <= set(looked_up) and len(copying) > 0
+    assert result.stats.drafted > 0
 
 
 def test_a_copy_that_keeps_holding_is_drafted_in_wider_calls(tmp_path) -> None:

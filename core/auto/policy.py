@@ -43,6 +43,10 @@ from core.verify import Verdict
 LOOKUP_SHARE = 0.02     # a lookup costing more than this share of a plain step backs off while it finds nothing
 LOOKUP_WINDOW = 16      # recent lookups whose median is a lookup's cost
 MAX_SKIP = 16
+# A match this long is a copy under way, whose estimates rise with every token it holds: its lookups are never spaced
+# out. Seen at T 0.7 on a 2-core Zen 4, where a lookup (0.4-0.7 ms) straddles 2 % of a 31 ms step: a follow-up's copy
+# of its given code, predicted at 0.80-0.95x for its first four steps, backed off.
+COPY_UNDER_WAY = 4
 DRIFT = 0.15            # re-plan the tree when the measured c(n, d) moves this far from the planned one
 DRIFT_STEPS = 12        # ... judged over at least this many model-drafted steps
 
@@ -115,6 +119,7 @@ class AutoDrafter(DrafterBase):
         lat = self.latencies
         started = self._time_last_step()
         self._score_shadow(tokens)
+        skipped = self._skip > 0
         proposal = self._lookup(tokens, max_nodes, max_depth)
         lookup = self._lookup_cost()
         options: dict[str, tuple[float, float]] = {"plain": (1.0, lat.plain + lookup)}
@@ -134,7 +139,8 @@ class AutoDrafter(DrafterBase):
             choice = "plain"
         self.choice = choice
         self.width = {"plain": 1, "memory": size + 1}.get(choice) or len(self.tree_plan.parents) + 1
-        self._back_off(choice == "memory", lookup)
+        if not skipped:     # a step that skipped its lookup learnt nothing of whether lookups find anything
+            self._back_off(choice == "memory" or proposal.match >= COPY_UNDER_WAY, lookup)
         expected, cost = options[choice]
         self._tally(choice, expected, cost * factor[choice], lat.plain * factor["plain"])
         if started is not None:
@@ -238,10 +244,13 @@ class AutoDrafter(DrafterBase):
             return min(recent, default=0.0)
         return median(recent)
 
-    def _back_off(self, drafted: bool, lookup: float) -> None:
-        """Where a lookup costs a noticeable share of a step (small fast models), fruitless lookups are spaced out,
-        twice as far each time, until memory drafts again."""
-        if drafted or lookup <= LOOKUP_SHARE * self.latencies.plain:
+    def _back_off(self, fruitful: bool, lookup: float) -> None:
+        """Where a lookup costs a noticeable share of a step (small fast models), fruitless lookups (neither drafted
+        nor a copy under way) are spaced out, twice as far each time, until memory drafts again. Only a step that
+        looked up says so: until stop 46 a skipped step counted as fruitless, re-armed the skip the moment it ran out,
+        and no lookup was made again for the rest of the answer (on the Zen 4, a follow-up that copies its given code
+        drafted 87 tokens in one run and none in the next two)."""
+        if fruitful or lookup <= LOOKUP_SHARE * self.latencies.plain:
             self._backoff = 0
         elif self._skip == 0:
             self._skip = self._backoff
