@@ -55,10 +55,10 @@ DECAY = 0.995
 KAPPA = 1.0             # pseudo-occurrences of an unseen continuation behind every raw estimate
 SINGLE = 1.0 / (1.0 + KAPPA)   # raw estimate of a token seen after one occurrence
 # Beyond a match of this many tokens, more occurrences that agree are no surer than one. On the bench's 77 recorded
-# greedy answers, a node backed by two agreeing occurrences (raw 0.67) was accepted 0.54 / 0.76 / 0.65 / 0.82 of the
-# time at matches of 2 / 3 / 4 / 5-8 tokens against 0.48 / 0.59 / 0.70 / 0.87 for one (raw 0.50); sampled at T 0.7,
-# such nodes at 9-16 tokens held 0.73 of the time where they were judged at 0.92 and one occurrence's held 0.90, and
-# 15-node drafts begun at a match of 6 emitted 5 tokens where 11.5 were predicted.
+# greedy answers (tools/memory_calibration.py --answers), nodes backed by two occurrences were accepted 0.40 / 0.62 /
+# 0.61 / 0.65 / 0.50 of the time at matches of 2 / 3 / 4 / 5-8 / 9-16 tokens against 0.45 / 0.57 / 0.69 / 0.87 / 0.93
+# for one; sampled at T 0.7, such nodes at 9-16 tokens held 0.73 of the time where they were judged at 0.92 (one
+# occurrence's: 0.90 at 0.91), and 15-node drafts begun at a match of 6 emitted 5 tokens where 11.5 were predicted.
 AGREEMENT_MATCH = 3
 # A recorded probability is the acceptance itself after the same context: its bucket's calibration starts at 1
 PRIOR_RATE = _PRIORS + _PRIORS + (0.55, 0.4, SINGLE)
