@@ -66,11 +66,9 @@ def by_occurrences(paths: list[Path]) -> list[str]:
 
 
 def _kind(stats_key: int) -> str:
-    if stats_key == RECORDED:
-        return "recorded"
-    if stats_key in (RESUMED, EDITED):
-        return "resumed" if stats_key == RESUMED else "edited"
-    return "remembered" if stats_key < RESUMED else "this text"
+    """What a draft whose first node has this statistics key copied."""
+    named = {RECORDED: "recorded", RESUMED: "resumed", EDITED: "edited"}
+    return named.get(stats_key) or ("remembered" if stats_key < RESUMED else "this text")
 
 
 def decode(temperature: float, sets: list[str], seeds: list[int]) -> list[str]:
@@ -117,8 +115,7 @@ def decode(temperature: float, sets: list[str], seeds: list[int]) -> list[str]:
                         cell[2] += len(event.tokens)
                         for j, info in enumerate(event.nodes):
                             if info.p is not None:
-                                stats_key = proposal.node_matches[j]
-                                row = nodes[f"{_kind(stats_key)} {BUCKET_LABELS[bucket(stats_key)]}"]
+                                row = nodes[BUCKET_LABELS[bucket(proposal.node_matches[j])]]
                                 row[0] += 1
                                 row[1] += proposal.node_probs[j]
                                 row[2] += info.p
@@ -127,9 +124,9 @@ def decode(temperature: float, sets: list[str], seeds: list[int]) -> list[str]:
     lines = ["copied from    width   drafts   predicted   emitted  (tokens a call)"]
     for (kind, width), (n, predicted, emitted) in sorted(drafts.items()):
         lines.append(f"{kind:<14} {width:>5} {n:8d} {predicted / n:11.2f} {emitted / n:9.2f}")
-    lines.append("node bucket                 nodes   memory's estimate   target's probability (nodes reached)")
+    lines.append("node bucket      nodes   memory's estimate   target's probability (nodes reached)")
     for label, (n, estimate, p) in sorted(nodes.items()):
-        lines.append(f"{label:<27} {n:5d} {estimate / n:19.3f} {p / n:22.3f}")
+        lines.append(f"{label:<16} {n:5d} {estimate / n:19.3f} {p / n:22.3f}")
     return lines
 
 
