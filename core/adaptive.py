@@ -6,7 +6,7 @@ accepted and shrinks it by one after a rejection (the heuristic of llama.cpp's a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 from core.backends.base import Backend
 from core.drafting import DrafterBase, ModelDrafter, StaticStrategy
@@ -27,8 +27,8 @@ class AdaptiveChainDrafter(DrafterBase):
     def note(self) -> str:
         return f"chain length {self.k}"
 
-    def start(self, prompt: Sequence[int], cancel=None) -> None:
-        self.model.start(prompt, cancel)
+    def start(self, prompt: Sequence[int], cancel=None, stops: Collection[int] = ()) -> None:
+        self.model.start(prompt, cancel, stops)
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         return self.model.draft(tokens, min(max_depth, self.k), max_nodes)

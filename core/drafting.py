@@ -36,8 +36,10 @@ class Drafter(Protocol):
     shape: tuple[int, ...] | None       # the planned tree shape of its last draft, when it follows one
     verify: Verifier                    # the rule its trees are verified with: rule 3 unless its drafts need another
 
-    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
-        """Prepare for a new generation whose context is ``prompt`` (a draft model prefills it, cancellably)."""
+    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None, stops: Collection[int] = ()) -> None:
+        """Prepare for a new generation whose context is ``prompt`` (a draft model prefills it, cancellably) and
+        which ends at any of the tokens ``stops``: a node below one can never be emitted, and a drafter that can leave
+        it out saves the target evaluating it."""
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         """A tree continuing ``tokens`` with at most ``max_nodes`` nodes and depth ``max_depth`` (may be empty)."""
@@ -60,7 +62,7 @@ class DrafterBase:
     shape: tuple[int, ...] | None = None
     verify = staticmethod(verify_tree)
 
-    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
+    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None, stops: Collection[int] = ()) -> None:
         """Nothing to prepare."""
 
     def feedback(self, tree: TokenTree, verdict: Verdict) -> None:
@@ -146,7 +148,7 @@ class ModelDrafter(DrafterBase):
         self._pending = 0
         self._evaluated = 0
 
-    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
+    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None, stops: Collection[int] = ()) -> None:
         if len(prompt) > 1:
             self.backend.prefill(list(prompt[:-1]), cancel=cancel)
         else:

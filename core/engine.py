@@ -131,7 +131,7 @@ class SpeculativeEngine:
         else:
             self.target.reset()
         if drafter is not None:
-            drafter.start(prompt, cancel)
+            drafter.start(prompt, cancel, self.target.eos_ids)
 
     def _stop_reason(self, record: GenerationRecord, max_new_tokens: int,
                      cancel: threading.Event | None) -> StopReason | None:

@@ -19,7 +19,7 @@ carries its drafter's name in ``TokenTree.source``, which the tree view colours.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Collection, Sequence
 
 from core.backends.base import Backend
 from core.drafting import DrafterBase, ModelDrafter, StaticStrategy
@@ -75,9 +75,9 @@ class MergedDrafter(DrafterBase):
         self._trees: list[TokenTree] = []
         self._maps: list[list[int]] = []
 
-    def start(self, prompt: Sequence[int], cancel=None) -> None:
+    def start(self, prompt: Sequence[int], cancel=None, stops: Collection[int] = ()) -> None:
         for d in self.drafters:
-            d.start(prompt, cancel)
+            d.start(prompt, cancel, stops)
 
     @property
     def note(self) -> str:

@@ -8,7 +8,7 @@ correction from the target with that token removed, which keeps decoding lossles
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 from core.backends.base import Backend
 from core.drafting import DrafterBase, StaticStrategy
@@ -62,12 +62,18 @@ class NGramDrafter(DrafterBase):
         self.k = k
         self.min_match = min_match
         self.max_ngram = max_ngram
+        self.stops: frozenset[int] = frozenset()
+
+    def start(self, prompt: Sequence[int], cancel=None, stops: Collection[int] = ()) -> None:
+        self.stops = frozenset(stops)
 
     def draft(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         found = lookup(tokens, self.max_ngram, max_len=self.k)
         if found.match < self.min_match:
             return TokenTree()
-        return TokenTree.chain(found.continuation[: max(0, min(self.k, max_depth, max_nodes))], SOURCE)
+        chain = found.continuation[: max(0, min(self.k, max_depth, max_nodes))]
+        end = next((i + 1 for i, t in enumerate(chain) if t in self.stops), len(chain))   # nothing follows a stop
+        return TokenTree.chain(chain[:end], SOURCE)
 
 
 @dataclass(frozen=True)

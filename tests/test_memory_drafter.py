@@ -149,6 +149,26 @@ def test_greedy_identity_with_eos_inside_memory_trees() -> None:
     assert eos_in_tree >= 3
 
 
+def test_no_memory_tree_goes_on_past_a_stop_token() -> None:
+    # a text copied from the prompt runs through its end of turn into the next turn: nothing after the stop can be
+    # emitted, so the tree ends at it
+    turn = [7, 8, 9, 3, 10, 11, 12, 13]
+    prompt = turn * 2 + [7, 8]
+    drafter = MemoryDrafter(budget=8, max_depth=8, min_match=1)
+    drafter.start(prompt)
+    assert drafter.draft(prompt, 8, 8).tokens[:4] == [9, 3, 10, 11]      # without stops the copy goes on
+    drafter.start(prompt, stops={3})
+    assert drafter.draft(prompt, 8, 8).tokens == [9, 3]
+    # and the engine tells drafters the target's stop tokens
+    target = tiny_backend("qwen2", vocab=48, seed=5)
+    target.eos_ids = frozenset({3})
+    try:
+        first = next(SpeculativeEngine(target, None, Memory(8, 8, min_match=1), GREEDY).stream(prompt, 12))
+    finally:
+        target.eos_ids = frozenset()
+    assert [node.token for node in first.nodes] == [9, 3]
+
+
 def test_regenerate_drafts_the_earlier_answer() -> None:
     rnd = random.Random(1)
     prompt = [rnd.randrange(1000) for _ in range(200)]

@@ -10,7 +10,7 @@ from core.drafting import Baseline
 from core.engine import SpeculativeEngine
 from core.memory import Memory, MemoryDrafter, SuffixMemory
 from core.memory.index import LiveIndex
-from core.memory.resume import ANCHOR_MATCH, MAX_GAP, MAX_KEPT_GAP, CopyAnchor
+from core.memory.resume import MAX_GAP, MAX_KEPT_GAP, CopyAnchor
 from core.memory.stats import EDITED, RESUMED, MemoryStats, bucket, key
 from core.sampling import SamplingParams
 from tests.exact import first_two_tokens_exact

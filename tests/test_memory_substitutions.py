@@ -271,8 +271,8 @@ class Taught(Memory):
         drafter.spelling = SPELLING if self.respelt else None
         start = drafter.start
 
-        def taught(prompt, cancel=None) -> None:
-            start(prompt, cancel)
+        def taught(prompt, cancel=None, stops=()) -> None:
+            start(prompt, cancel, stops)
             if self.opened:     # made as "2 6", then as "2 8": the copy's draft ends after 2
                 drafter.substitutions.learn(OLD, NEW + (6,))
                 drafter.substitutions.applied(rows([5, 6], width=2), depth=2, at=0)

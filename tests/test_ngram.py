@@ -9,7 +9,7 @@ from core.adaptive import AdaptiveChain
 from core.drafting import Baseline, Chain, Tree
 from core.engine import SpeculativeEngine
 from core.merge import Merge, merge_trees, verdict_for
-from core.ngram import NGram, lookup
+from core.ngram import NGram, NGramDrafter, lookup
 from core.sampling import SamplingParams
 from core.tree import Proposal, TokenTree
 from core.verify import Verdict
@@ -38,6 +38,14 @@ def test_lookup_extends_the_match_backwards() -> None:
 def test_lookup_without_a_match() -> None:
     assert lookup([1, 2, 3, 4]).match == 0
     assert lookup([1]).continuation == ()
+
+
+def test_a_lookup_chain_ends_at_a_stop_token() -> None:
+    tokens = [7, 8, 9, 3, 10, 11, 7, 8]
+    drafter = NGramDrafter(k=4, min_match=1)
+    assert drafter.draft(tokens, 8, 8).tokens == [9, 3, 10, 11]
+    drafter.start(tokens, stops={3})          # nothing after the end of turn can be emitted
+    assert drafter.draft(tokens, 8, 8).tokens == [9, 3]
 
 
 def _greedy_pair():

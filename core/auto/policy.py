@@ -27,7 +27,7 @@ import math
 import time
 from collections import deque
 from statistics import median
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from core.auto.estimates import AcceptanceTracker, PromptRates
 from core.auto.plan import MAX_BUDGET, MAX_DEPTH, Plan, best_plan
@@ -101,12 +101,12 @@ class AutoDrafter(DrafterBase):
         steps = sum(self.counts.values())
         return self.predicted_tokens / self.predicted_seconds * self.plain_seconds / steps
 
-    def start(self, prompt: Sequence[int], cancel=None) -> None:
+    def start(self, prompt: Sequence[int], cancel=None, stops: Collection[int] = ()) -> None:
         self._step = None       # the time until the first draft is the prefill's, not a step's
         self._prompt_length = len(prompt)
-        self.memory.start(prompt)
+        self.memory.start(prompt, stops=stops)
         if self.model is not None:
-            self.model.start(prompt, cancel)
+            self.model.start(prompt, cancel, stops)
 
     def take_plan(self) -> PlanEvent | None:
         event, self._plan_event = self._plan_event, None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -90,6 +90,7 @@ class MemoryDrafter(DrafterBase):
         self.recalled = CopyAnchor(remembered=True)     # a remembered text the live one copies
         self.substitutions = Substitutions(spelling)
         self.note = ""
+        self.stops: frozenset[int] = frozenset()   # the tokens that end this generation: no tree goes on past one
         self._last: MemoryProposal | None = None
 
     @property
@@ -102,7 +103,8 @@ class MemoryDrafter(DrafterBase):
         """The proposal of the last :meth:`propose` (or :meth:`draft`): the one :meth:`feedback` learns about."""
         return self._last
 
-    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None) -> None:
+    def start(self, prompt: Sequence[int], cancel: threading.Event | None = None, stops: Collection[int] = ()) -> None:
+        self.stops = frozenset(stops)
         self.stats.forget_this_text()
         self.live = LiveIndex(prompt)
         self.anchor = CopyAnchor()
@@ -229,7 +231,8 @@ class MemoryDrafter(DrafterBase):
         together = np.concatenate(rows) if len(rows) > 1 else rows[0]
         found = best_first(together, _RECENCY[:len(together)] if weights is None else weights,
                            np.concatenate(documents), match, self.stats, max_nodes, max_depth, first_match,
-                           least_first, remembered, _stacked(rows, edits, False), _stacked(rows, recorded or (), 0.0))
+                           least_first, remembered, _stacked(rows, edits, False), _stacked(rows, recorded or (), 0.0),
+                           self.stops)
         return replace(found, substituted=True) if any(e is not None for e in edits) else found
 
     def _documents(self, anchor: CopyAnchor, ends: np.ndarray, state: MemoryState | None) -> np.ndarray:

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.serve.executor import Executor
-from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
+from core.serve.job import Delta, Finished, Observer, ServedModels, run_request
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
 from core.serve.request import RequestError, ServeRequest, parse
 
