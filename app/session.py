@@ -411,21 +411,21 @@ class ChatSession(QObject):
         start = self._starts.get(conv.id, 0)
         strategy = self.strategy
         label = strategy.label
-
-        def job(push, cancel):
-            # the template and the tokenizer run here, not on the GUI thread
-            fitted = fit_chat(system, messages, target.apply_chat_template, target.context_length, max_new, start)
-            push(PromptFitted(tuple(fitted.prompt_ids), fitted.dropped, fitted.start))
-            engine = SpeculativeEngine(target, draft, strategy, sampling)
-            for event in engine.stream(fitted.prompt_ids, max_new, cancel,
-                                       progress=lambda done, total: push(PrefillProgress(done, total))):
-                push(event)
-            return engine.last_result
-
         if self.settings.chat_endpoint:
             label = f"endpoint {endpoint_of(self.settings).label}"
             job = endpoint_job(self.settings, target, system, messages, max_new, start, sampling,
                                lambda f: PromptFitted(tuple(f.prompt_ids), f.dropped, f.start))
+        else:
+            def job(push, cancel):
+                # the template and the tokenizer run here, not on the GUI thread
+                fitted = fit_chat(system, messages, target.apply_chat_template, target.context_length, max_new,
+                                  start)
+                push(PromptFitted(tuple(fitted.prompt_ids), fitted.dropped, fitted.start))
+                engine = SpeculativeEngine(target, draft, strategy, sampling)
+                for event in engine.stream(fitted.prompt_ids, max_new, cancel,
+                                           progress=lambda done, total: push(PrefillProgress(done, total))):
+                    push(event)
+                return engine.last_result
         answer = Message("assistant", "", complete=False)
         self._append(answer)
         run = EngineRun(job, self)
