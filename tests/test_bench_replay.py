@@ -51,6 +51,16 @@ def test_where_a_call_costs_as_many_steps_as_tokens_auto_decodes_plainly() -> No
     assert 0.95 < result.speedup <= 1.0
 
 
+def test_a_replayed_draft_ends_at_the_targets_stop_token() -> None:
+    """The prompt's copy runs through the end of the user's turn (token 3) into the next; a real decode's drafts end
+    at a stop token (the engine passes the target's), so a replay given the stop tokens must not pay for the rest."""
+    turn = [5, 9, 2, 7] + list(range(10, 30)) + [3, 8, 4, 6] + list(range(40, 60))
+    answer = list(range(12, 30)) + list(range(60, 64)) * 3     # copies the user's turn to its end, then goes on
+    cheap = plan({1: 1.0, 2: 1.05, 64: 1.3})
+    blind, told = replay(cheap, turn, answer, VOCAB), replay(cheap, turn, answer, VOCAB, eos=[3])
+    assert told.rejected < blind.rejected
+
+
 def test_a_regenerated_prompt_copies_its_earlier_answer_and_actual_costs_are_charged() -> None:
     answer = [60, 61, 62, 63] * 6
     cheap = plan({1: 1.0, 2: 1.05, 64: 1.3})
@@ -110,7 +120,7 @@ def test_warm_statistics_are_learnt_on_the_other_sets_only() -> None:
     cheap = plan({1: 1.0, 2: 1.05, 64: 1.3})
     prompts = [{"set": "a", "id": "a1", "prompt": PROMPT, "answer": COPYING},
                {"set": "b", "id": "b1", "prompt": PROMPT, "answer": [60, 61, 62, 63] * 6, "earlier": [60, 61] * 4}]
-    data = {"vocab_size": VOCAB, "prompts": prompts}
+    data = {"vocab_size": VOCAB, "eos": [], "prompts": prompts}
     for own, other in (("a", prompts[1]), ("b", prompts[0])):
         alone = SuffixMemory("scripted")
         replay(cheap, other["prompt"], other["answer"], VOCAB, other.get("earlier"), memory=alone)

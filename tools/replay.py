@@ -58,7 +58,7 @@ def record(path: Path, sets: list[str]) -> None:
             answer = list(engine.generate(ids, NEW_TOKENS).tokens)
             rows.append({"set": name, "id": p["id"], "prompt": ids, "answer": answer, "earlier": before})
             print(f"{name}/{p['id']}: {len(answer)} tokens", flush=True)
-    path.write_text(json.dumps({"vocab_size": target.vocab_size, "prompts": rows}))
+    path.write_text(json.dumps({"vocab_size": target.vocab_size, "eos": sorted(target.eos_ids), "prompts": rows}))
 
 
 def cost_table(spec: str):
@@ -110,7 +110,7 @@ class Vocabulary:
 
 def read_answers(paths: list[Path]) -> dict:
     """The recorded answers of every file, in order (one tokenizer: the same vocabulary in each)."""
-    merged: dict = {"vocab_size": None, "prompts": []}
+    merged: dict = {"vocab_size": None, "eos": None, "prompts": []}
     for path in paths:
         try:
             data = json.loads(path.read_text())
@@ -119,9 +119,11 @@ def read_answers(paths: list[Path]) -> dict:
                 raise ValueError("a prompt or an answer is not a list of token ids")
             if merged["vocab_size"] not in (None, data["vocab_size"]):
                 raise ValueError(f"a vocabulary of {data['vocab_size']} tokens, not {merged['vocab_size']}")
+            if not all(isinstance(t, int) for t in data["eos"]) or merged["eos"] not in (None, data["eos"]):
+                raise ValueError(f"stop tokens {data['eos']}, not {merged['eos']}")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SystemExit(f"{path}: not answers written by `tools/replay.py --record` ({exc!r})") from None
-        merged["vocab_size"] = data["vocab_size"]
+        merged["vocab_size"], merged["eos"] = data["vocab_size"], data["eos"]
         merged["prompts"] += data["prompts"]
     return merged
 
@@ -135,7 +137,7 @@ def warm_statistics(plan, data: dict, own_set: str | None, actual, tokenizer=Non
     for p in data["prompts"]:
         if p["set"] != own_set:
             replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, learner,
-                   tokenizer=tokenizer)
+                   tokenizer=tokenizer, eos=data["eos"])
             learner = SuffixMemory("scripted", stats=learner.stats)     # the statistics go on, the text does not
     return learner.stats
 
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
 
         for p in data["prompts"]:
             r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, memory(p),
-                       tokenizer=tokenizer)
+                       tokenizer=tokenizer, eos=data["eos"])
             known = p["prompt"] + (p.get("earlier") or [])
             top, _ = ceiling(copy_lengths(known, p["answer"]), truth.verify_cost, truth.widest)
             rows.append({"set": p["set"], "id": p["id"], "auto": r.speedup, "predicted": r.predicted,
@@ -215,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
                          "unrejected": r.unrejected})
             if args.knowing:
                 rows[-1]["knowing"] = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"),
-                                             actual, memory(p), knowing=True, tokenizer=tokenizer).speedup
+                                             actual, memory(p), knowing=True, tokenizer=tokenizer,
+                                             eos=data["eos"]).speedup
             if args.prompts:
                 knew = f", knowing {rows[-1]['knowing']:.2f}x" if args.knowing else ""
                 print(f"  {p['set']:16s} {p['id']:20s} Auto {r.speedup:.2f}x (predicted {r.predicted:.2f}x, "

@@ -219,18 +219,21 @@ class Replay:
 
 def replay(plan: Plan, prompt: Sequence[int], answer: Sequence[int], vocab_size: int,
            earlier: Sequence[int] | None = None, actual: Latencies | None = None,
-           memory: SuffixMemory | None = None, knowing: bool = False, tokenizer=None) -> Replay:
+           memory: SuffixMemory | None = None, knowing: bool = False, tokenizer=None,
+           eos: Sequence[int] = ()) -> Replay:
     """Auto, deciding from ``plan``, decodes ``prompt`` into its recorded greedy ``answer`` (``earlier``: an earlier
     answer to the same prompt, remembered first, as the bench does for a regenerated prompt); calls cost ``actual``
     (default: the plan's own table). ``memory``: the memory of earlier texts to start from (default: an empty one).
     ``knowing``: Auto knows which nodes of its memory proposals the target accepts (the module docstring).
     ``tokenizer``: the answers' tokenizer (``detokenize`` and ``tokenize``), with which renames reach the other tokens
     that spell a renamed name (core.memory.substitutions); without it they stay on the tokens they were learnt on.
+    ``eos``: the target's stop tokens, which end a draft as they do in a real decode (a copy of the prompt runs
+    through the end of the user's turn into the next one).
 
     Raises RuntimeError if Auto's output differs from the answer: the replay would then be of another answer."""
     costs = actual or plan.latencies
     clock = SimulatedClock()
-    target = ScriptedTarget(prompt, answer, costs, clock, vocab_size, tokenizer=tokenizer)
+    target = ScriptedTarget(prompt, answer, costs, clock, vocab_size, eos, tokenizer)
     memory = memory if memory is not None else SuffixMemory("scripted")
     if earlier:     # remembered as the bench does a greedy earlier answer: each token drawn with probability 1
         memory.add_answer(prompt, earlier, [1.0] * len(earlier), SamplingParams().distribution_key)
