@@ -17,8 +17,8 @@ from core.memory import store
 from core.memory.documents import SuffixMemory
 from core.memory.drafter import MemoryDrafter, recency_weights
 from core.memory.index import MAX_MATCH, CorpusIndex, LiveIndex
-from core.memory.stats import (AGREEMENT_MATCH, BUCKET_STARTS, EDITED, KAPPA, MAX_PROB, RECORDED, RESUMED, MemoryStats,
-                               bucket, confidence, key)
+from core.memory.stats import (AGREEMENT_MATCH, BUCKET_LABELS, BUCKET_STARTS, EDITED, KAPPA, MAX_PROB, RECORDED,
+                               RESUMED, MemoryStats, bucket, confidence, key)
 from core.memory.store import memory_dir, memory_path, open_memory
 
 
@@ -191,6 +191,32 @@ def test_stats_buckets_and_calibration() -> None:
                 {"tested": [-1.0] * 7, "accepted": [0.0] * 7, "predicted": [0.0] * 7}):
         with pytest.raises(ValueError):
             MemoryStats.from_dict(bad)
+
+
+def test_an_answer_echoing_itself_is_counted_apart_from_a_copy_of_its_prompt() -> None:
+    """A match whose latest occurrence lies in the answer being written is keyed in the own answer's buckets, one in
+    the prompt in the text at hand's: their evidence never mixes, each generation starts both afresh, and statistics
+    written before the own buckets existed load with them empty."""
+    prompt = [5, 1, 2, 3, 4, 6]
+    drafter = MemoryDrafter(None)
+    drafter.start(prompt)
+    copying = drafter.propose(prompt + [9, 1, 2], 4, 4)               # `1 2` occurs in the prompt only
+    assert copying.match == 2 and all(m == key(2 + d) for d, m in enumerate(copying.node_matches))
+    echoing = drafter.propose(prompt + [9, 7, 8, 0, 9, 7], 4, 4)      # `9 7` occurs in the answer only
+    assert echoing.match == 2 and echoing.node_matches[0] == key(2, own=True) != key(2)
+    assert BUCKET_LABELS[bucket(key(2, own=True))] == "own 2" and BUCKET_LABELS[bucket(key(2))] == "2"
+    assert [BUCKET_LABELS[bucket(key(m, own=True))] for m in (1, 8, 9, 17, 40)] == \
+        ["own 1", "own 5-8", "own 9-16", "own 17+", "own 17+"]
+    assert confidence(3, key(12, own=True)) == confidence(3, key(12)) < confidence(3, key(2, own=True))
+    stats = MemoryStats()
+    for _ in range(50):
+        stats.observe(key(6, own=True), False, 0.5)
+    assert stats.rate(key(6, own=True)) < 0.1 and stats.rate(6) == MemoryStats().rate(6)
+    stats.forget_this_text()
+    assert stats == MemoryStats()
+    before = {name: [1.0] * (len(BUCKET_LABELS) - len(BUCKET_STARTS)) for name in ("tested", "accepted", "predicted")}
+    loaded = MemoryStats.from_dict(before)
+    assert loaded.tested[:bucket(key(1, own=True))] == before["tested"] and sum(loaded.tested[-len(BUCKET_STARTS):]) == 0
 
 
 def test_lru_eviction_keeps_recently_used_documents() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from core.memory.stats import BUCKET_LABELS, EDITED, RECORDED, RESUMED, bucket  # noqa: E402  (after the path above)
+from core.memory.stats import BUCKET_LABELS, EDITED, OWN, RECORDED, RESUMED, bucket  # noqa: E402  (after the path)
 
 DEPTH = 16
 NEW_TOKENS = 96
@@ -68,7 +68,8 @@ def by_occurrences(paths: list[Path]) -> list[str]:
 def _kind(stats_key: int) -> str:
     """What a draft whose first node has this statistics key copied."""
     named = {RECORDED: "recorded", RESUMED: "resumed", EDITED: "edited"}
-    return named.get(stats_key) or ("remembered" if stats_key < RESUMED else "this text")
+    return named.get(stats_key) or ("remembered" if stats_key < RESUMED else "own answer" if stats_key > OWN else
+                                    "this text")
 
 
 def decode(temperature: float, sets: list[str], seeds: list[int]) -> list[str]:

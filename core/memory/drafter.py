@@ -91,6 +91,7 @@ class MemoryDrafter(DrafterBase):
         self.substitutions = Substitutions(spelling)
         self.note = ""
         self.stops: frozenset[int] = frozenset()   # the tokens that end this generation: no tree goes on past one
+        self._answer_start = 0      # where the answer being written starts in the live text
         self._last: MemoryProposal | None = None
 
     @property
@@ -105,6 +106,7 @@ class MemoryDrafter(DrafterBase):
 
     def start(self, prompt: Sequence[int], cancel: threading.Event | None = None, stops: Collection[int] = ()) -> None:
         self.stops = frozenset(stops)
+        self._answer_start = len(prompt)
         self.stats.forget_this_text()
         self.live = LiveIndex(prompt)
         self.anchor = CopyAnchor()
@@ -152,8 +154,10 @@ class MemoryDrafter(DrafterBase):
             edits.append(found_edits)
             documents.append(uids)
             recorded.append(self._recorded(state, ends, mem_match, found_rows.shape[1], found_edits))
+        # the answer echoing itself holds less often than a copy of its prompt (core.memory.stats): which one this is
+        own = live_match == match and int(live_ends.max()) >= self._answer_start
         self._last = self._tree(rows, None, documents, edits, match, max_nodes, max_depth, least_first,
-                                remembered=live_match < match, recorded=recorded)
+                                remembered=live_match < match, recorded=recorded, own=own)
         return self._last
 
     def _recorded(self, state: MemoryState, ends: np.ndarray, match: int, depth: int,
@@ -224,7 +228,8 @@ class MemoryDrafter(DrafterBase):
     def _tree(self, rows: list[np.ndarray], weights: np.ndarray | None, documents: list[np.ndarray],
               edits: list[np.ndarray | None], match: int, max_nodes: int, max_depth: int,
               least_first: Callable[[int], float] | None, remembered: bool = False,
-              first_match: int | None = None, recorded: list[np.ndarray | None] | None = None) -> MemoryProposal:
+              first_match: int | None = None, recorded: list[np.ndarray | None] | None = None,
+              own: bool = False) -> MemoryProposal:
         """:func:`best_first` over the continuations of several sources (weighted by recency unless ``weights``),
         marked as carrying an edit where any of them does, with the probabilities recorded for them (per source,
         None: none)."""
@@ -232,7 +237,7 @@ class MemoryDrafter(DrafterBase):
         found = best_first(together, _RECENCY[:len(together)] if weights is None else weights,
                            np.concatenate(documents), match, self.stats, max_nodes, max_depth, first_match,
                            least_first, remembered, _stacked(rows, edits, False), _stacked(rows, recorded or (), 0.0),
-                           self.stops)
+                           self.stops, own)
         return replace(found, substituted=True) if any(e is not None for e in edits) else found
 
     def _documents(self, anchor: CopyAnchor, ends: np.ndarray, state: MemoryState | None) -> np.ndarray:

@@ -60,18 +60,18 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
                max_nodes: int, max_depth: int, first_match: int | None = None,
                least_first: Callable[[int], float] | None = None, remembered: bool = False,
                edits: np.ndarray | None = None, recorded: np.ndarray | None = None,
-               stops: Collection[int] = ()) -> MemoryProposal:
+               stops: Collection[int] = (), own: bool = False) -> MemoryProposal:
     """The best tree of at most ``max_nodes`` nodes and depth ``max_depth`` from continuations ``rows``.
 
-    ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights``
-    how much each occurrence counts. A node's raw estimate is its share of the weight of the parent's occurrences that
-    go on, times :func:`core.memory.stats.confidence` of ``n`` such occurrences; calibrated as in
+    ``rows`` (occurrences x depth) holds the tokens after each occurrence, ``SEP`` where the text ended; ``weights`` how
+    much each occurrence counts. A node's raw estimate is its share of the weight of the parent's occurrences that go
+    on, times :func:`core.memory.stats.confidence` of ``n`` such occurrences; calibrated as in
     :meth:`MemoryStats.estimate` for ``match + depth - 1`` tokens of agreement (in a remembered text when
-    ``remembered``), or for ``first_match`` at depth 1 when given (a resumed copy). ``edits`` (occurrences x depth,
-    when given) marks where a row starts an edit the text has made once (core.memory.substitutions): a node that
-    starts one in any of its rows is keyed ``EDITED``, a guess about an edit that no match length describes (a
-    substitution made once, then drafted through 15 copied tokens at a long match's estimate, was an insertion the
-    text did not repeat: ``):`` -> ``, encoding="utf-8"):``).
+    ``remembered``, in the answer being written when ``own``), or for ``first_match`` at depth 1 when given (a resumed
+    copy). ``edits`` (occurrences x depth, when given) marks where a row starts an edit the text has made once
+    (core.memory.substitutions): a node that starts one in any of its rows is keyed ``EDITED``, a guess about an edit
+    that no match length describes (a substitution made once, then drafted through 15 copied tokens at a long match's
+    estimate, was an insertion the text did not repeat: ``):`` -> ``, encoding="utf-8"):``).
     ``recorded`` (occurrences x depth, when given) holds the probability each row's token was drawn with, where a
     remembered answer recorded it under the sampling settings at hand (0 elsewhere): a node any of whose rows
     recorded one is estimated at the weighted mean of those, keyed ``RECORDED``. After the same context that is the
@@ -100,7 +100,7 @@ def best_first(rows: np.ndarray, weights: np.ndarray, row_documents: np.ndarray,
     scales: dict[int, float] = {}     # statistics key -> the calibration of its nodes
 
     def node_match(depth: int) -> int:
-        return first_match if depth == 1 and first_match is not None else key(match + depth - 1, remembered)
+        return first_match if depth == 1 and first_match is not None else key(match + depth - 1, remembered, own)
 
     def group_match(a: int, b: int, depth: int) -> int:
         """The statistics key of the node backed by sorted rows [a, b) at ``depth``."""

@@ -22,6 +22,13 @@ answer whose tokens' probabilities were recorded under the sampling settings at 
 probability the token was drawn with (what a deterministic draft of it is accepted with after the same context), and
 the bucket's calibration starts at 1.
 
+A match in the text at hand whose latest occurrence lies in the answer being written (the answer repeating its own
+phrases) is counted apart from one in its prompt (the answer copying what it was given), in buckets of their own: on
+the bench's 77 recorded greedy answers (tools/memory_calibration.py's walk along the likeliest path), the first held
+0.36 / 0.51 / 0.54 / 0.71 / 0.70 of the time at matches of 2 / 3 / 4 / 5-8 / 9-16 tokens, the second 0.59 / 0.69 /
+0.79 / 0.90 / 0.94. One bucket averaged them: a prose answer's echoes of itself were judged as surely as an edit's
+copies of its source, and the copies less surely for the echoes' misses.
+
 Only the remembered texts' buckets are carried from one generation to the next (:meth:`MemoryStats.forget_this_text`):
 how often a match in the text at hand holds depends on the prompt (an edit copies its source, new code only echoes
 its own phrases), and an average over earlier prompts, most of whose nodes came from copies, misjudged new ones.
@@ -41,7 +48,10 @@ RESUMED = -1            # the key of a resumed copy's first token
 EDITED = 0              # the key of a once-made substitution's first new token
 RECORDED = -1 - 2**20   # the key of a node whose probability was recorded: below every remembered text's key
 _LENGTHS = ("1", "2", "3", "4", "5-8", "9-16", "17+")
-BUCKET_LABELS = _LENGTHS + tuple(f"remembered {n}" for n in _LENGTHS) + ("resumed", "edited", "recorded")
+OWN = 2**20             # keys above it: a match in the answer being written, ``key - OWN`` tokens long
+BUCKET_LABELS = (_LENGTHS + tuple(f"remembered {n}" for n in _LENGTHS) + ("resumed", "edited", "recorded")
+                 + tuple(f"own {n}" for n in _LENGTHS))
+_OWN_START = BUCKET_LABELS.index("own 1")
 _RESUMED, _EDITED, _RECORDED = (BUCKET_LABELS.index(label) for label in ("resumed", "edited", "recorded"))
 # A generation starts this text's buckets from these: matches of 9-16 and 17+ tokens hold 0.92 and 0.97 of the time
 # on the bench's recorded answers (the estimates said 0.75 and 0.82); priors of 0.65 and 0.75 there kept a fresh copy
@@ -61,8 +71,8 @@ SINGLE = 1.0 / (1.0 + KAPPA)   # raw estimate of a token seen after one occurren
 # occurrence's: 0.90 at 0.91), and 15-node drafts begun at a match of 6 emitted 5 tokens where 11.5 were predicted.
 AGREEMENT_MATCH = 3
 # A recorded probability is the acceptance itself after the same context: its bucket's calibration starts at 1
-PRIOR_RATE = _PRIORS + _PRIORS + (0.55, 0.4, SINGLE)
-THIS_TEXT = tuple(range(len(BUCKET_STARTS))) + (_RESUMED, _EDITED)   # started afresh by every generation
+PRIOR_RATE = _PRIORS + _PRIORS + (0.55, 0.4, SINGLE) + _PRIORS
+THIS_TEXT = tuple(range(len(BUCKET_STARTS))) + (_RESUMED, _EDITED) + tuple(range(_OWN_START, len(BUCKET_LABELS)))
 MAX_PROB = 0.98         # no memory guess is certain
 
 
@@ -70,14 +80,16 @@ def confidence(occurrences: int, stats_key: int) -> float:
     """The shrinkage behind a raw estimate when ``occurrences`` continuations of the parent go on:
     ``n / (n + KAPPA)``, or one occurrence's at a match longer than ``AGREEMENT_MATCH`` tokens (in the text at hand
     or a remembered one)."""
-    match = stats_key if stats_key > EDITED else -1 - stats_key if RECORDED < stats_key < RESUMED else 0
+    match = stats_key - OWN if stats_key > OWN else stats_key if stats_key > EDITED else \
+        -1 - stats_key if RECORDED < stats_key < RESUMED else 0
     return SINGLE if match > AGREEMENT_MATCH else occurrences / (occurrences + KAPPA)
 
 
-def key(match: int, remembered: bool = False) -> int:
+def key(match: int, remembered: bool = False, own: bool = False) -> int:
     """The statistics key of a node with ``match`` tokens of agreement behind it: the length itself in the text at
-    hand, ``-1 - match`` (below ``RESUMED``) in a remembered text (lengths below 1 count as 1)."""
-    return -1 - max(match, 1) if remembered else max(match, 1)
+    hand's prompt, ``OWN + match`` in the answer being written (``own``), ``-1 - match`` (below ``RESUMED``) in a
+    remembered text (lengths below 1 count as 1)."""
+    return -1 - max(match, 1) if remembered else max(match, 1) + (OWN if own else 0)
 
 
 def bucket(stats_key: int) -> int:
@@ -88,18 +100,22 @@ def bucket(stats_key: int) -> int:
         return _RESUMED
     if stats_key == RECORDED:
         return _RECORDED
+    if stats_key > OWN:
+        return _OWN_START + bisect_right(BUCKET_STARTS, stats_key - OWN) - 1
     if stats_key < RESUMED:
         return len(BUCKET_STARTS) + bisect_right(BUCKET_STARTS, -1 - stats_key) - 1
     return bisect_right(BUCKET_STARTS, max(stats_key, 1)) - 1
 
 
 def shorter_copies(b: int) -> range:
-    """The buckets of the same kind of text as bucket ``b`` (the text at hand, or a remembered one) from matches of
-    two tokens up to just below ``b``'s; for the ``RESUMED`` and ``EDITED`` buckets, all of the text at hand's from two
-    tokens up."""
+    """The buckets of the same kind of text as bucket ``b`` (the text at hand's prompt, the answer being written, or a
+    remembered text) from matches of two tokens up to just below ``b``'s; for the ``RESUMED`` and ``EDITED`` buckets,
+    all of the prompt's from two tokens up (a copy that resumes is a copy of what the answer was given)."""
     n = len(BUCKET_STARTS)
     if b in (_RESUMED, _EDITED):
         return range(1, n)
+    if b >= _OWN_START:
+        return range(_OWN_START + 1, b)
     return range(n + 1, b) if b >= n else range(1, b)
 
 
@@ -164,15 +180,15 @@ class MemoryStats:
     @classmethod
     def from_dict(cls, data: dict) -> "MemoryStats":
         """Raises ValueError when ``data`` is not what :meth:`to_dict` writes. A file written before the ``RESUMED``,
-        ``EDITED``, ``RECORDED`` or remembered texts' buckets existed gets them empty."""
+        ``EDITED``, ``RECORDED``, remembered texts' or own answer's buckets existed gets them empty."""
         try:
             lists = [[float(v) for v in data[name]] for name in ("tested", "accepted", "predicted")]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"memory statistics are malformed: {exc}") from None
         n = len(BUCKET_STARTS)
         older = {n: lambda v: v + [0.0] * (n + 3), n + 1: lambda v: v[:n] + [0.0] * n + v[n:] + [0.0, 0.0],
-                 2 * n + 1: lambda v: v + [0.0, 0.0], 2 * n + 2: lambda v: v + [0.0]}
-        lists = [older[len(v)](v) if len(v) in older else v for v in lists]
+                 2 * n + 1: lambda v: v + [0.0, 0.0], 2 * n + 2: lambda v: v + [0.0], 2 * n + 3: lambda v: v}
+        lists = [older[len(v)](v) + [0.0] * n if len(v) in older else v for v in lists]
         if any(len(v) != len(BUCKET_LABELS) or not all(math.isfinite(x) and x >= 0 for x in v) for v in lists):
             raise ValueError("memory statistics have the wrong number of buckets or negative counts")
         return cls(*lists)
