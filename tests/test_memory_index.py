@@ -216,7 +216,8 @@ def test_an_answer_echoing_itself_is_counted_apart_from_a_copy_of_its_prompt() -
     assert stats == MemoryStats()
     before = {name: [1.0] * (len(BUCKET_LABELS) - len(BUCKET_STARTS)) for name in ("tested", "accepted", "predicted")}
     loaded = MemoryStats.from_dict(before)
-    assert loaded.tested[:bucket(key(1, own=True))] == before["tested"] and sum(loaded.tested[-len(BUCKET_STARTS):]) == 0
+    own_start = bucket(key(1, own=True))
+    assert loaded.tested[:own_start] == before["tested"] and sum(loaded.tested[own_start:]) == 0
 
 
 def test_lru_eviction_keeps_recently_used_documents() -> None:

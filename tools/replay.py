@@ -128,16 +128,22 @@ def read_answers(paths: list[Path]) -> dict:
     return merged
 
 
+def replay_recorded(plan, data: dict, p: dict, actual, memory, tokenizer, knowing: bool = False):
+    """core.bench.replay.replay of recorded prompt ``p`` of ``data`` (:func:`read_answers`)."""
+    from core.bench.replay import replay
+
+    return replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, memory, knowing,
+                  tokenizer, data["eos"])
+
+
 def warm_statistics(plan, data: dict, own_set: str | None, actual, tokenizer=None):
     """The memory statistics learnt by replaying, in order, every prompt of ``data`` outside ``own_set``."""
-    from core.bench.replay import replay
     from core.memory import SuffixMemory
 
     learner = SuffixMemory("scripted")
     for p in data["prompts"]:
         if p["set"] != own_set:
-            replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, learner,
-                   tokenizer=tokenizer, eos=data["eos"])
+            replay_recorded(plan, data, p, actual, learner, tokenizer)
             learner = SuffixMemory("scripted", stats=learner.stats)     # the statistics go on, the text does not
     return learner.stats
 
@@ -189,7 +195,6 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from core.bench.ceiling import ceiling, copy_lengths
-    from core.bench.replay import replay
     from core.bench.report import geomean
     from core.memory import SuffixMemory
 
@@ -208,17 +213,14 @@ def main(argv: list[str] | None = None) -> None:
             return SuffixMemory("scripted", stats=warm[p["set"]].copy()) if args.warm else None
 
         for p in data["prompts"]:
-            r = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"), actual, memory(p),
-                       tokenizer=tokenizer, eos=data["eos"])
+            r = replay_recorded(plan, data, p, actual, memory(p), tokenizer)
             known = p["prompt"] + (p.get("earlier") or [])
             top, _ = ceiling(copy_lengths(known, p["answer"]), truth.verify_cost, truth.widest)
             rows.append({"set": p["set"], "id": p["id"], "auto": r.speedup, "predicted": r.predicted,
                          "ceiling": top, "memory_steps": r.drafted_steps, "calls": r.calls,
                          "unrejected": r.unrejected})
             if args.knowing:
-                rows[-1]["knowing"] = replay(plan, p["prompt"], p["answer"], data["vocab_size"], p.get("earlier"),
-                                             actual, memory(p), knowing=True, tokenizer=tokenizer,
-                                             eos=data["eos"]).speedup
+                rows[-1]["knowing"] = replay_recorded(plan, data, p, actual, memory(p), tokenizer, knowing=True).speedup
             if args.prompts:
                 knew = f", knowing {rows[-1]['knowing']:.2f}x" if args.knowing else ""
                 print(f"  {p['set']:16s} {p['id']:20s} Auto {r.speedup:.2f}x (predicted {r.predicted:.2f}x, "
