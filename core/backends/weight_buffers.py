@@ -21,12 +21,15 @@ from pathlib import Path
 from gguf import GGMLQuantizationType
 
 from core.backends.gguf_tensors import read_tensor_infos
+from core.backends.kquant_kernels import has_speclens_kernels
 
 log = logging.getLogger(__name__)
 
 # What ggml's x86 repack interleaves eight rows at a time (every AMX CPU has the AVX2 it needs). A tensor handed to
 # CPU_REPACK that it cannot interleave crashes the load, so the list is kept to types known to work here.
 REPACKED_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K})
+# and what it interleaves on x86 only in a build with SpecLens's kernels (native/llama.cpp)
+SPECLENS_REPACKED_TYPES = frozenset({GGMLQuantizationType.Q6_K})
 INTERLEAVE = 8
 ROW_LOOKUP = frozenset({"token_embd.weight"})   # read by row lookup (get_rows), which repacked rows do not serve
 
@@ -48,8 +51,9 @@ def repackable_tensors(path: str | Path) -> list[str]:
         tensors = read_tensor_infos(path)
     except (ValueError, OSError):
         return []
+    types = REPACKED_TYPES | (SPECLENS_REPACKED_TYPES if has_speclens_kernels() else frozenset())
     return [t.name for t in tensors
-            if t.type_id in REPACKED_TYPES and len(t.shape) == 2 and t.shape[1] % INTERLEAVE == 0
+            if t.type_id in types and len(t.shape) == 2 and t.shape[1] % INTERLEAVE == 0
             and t.name not in ROW_LOOKUP]
 
 

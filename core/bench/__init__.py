@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from core.backends.kquant_kernels import llama_cpp_build
 from core.bench.modes import (
     ENDPOINT, HF_ASSISTED, LLAMA_SERVER_MODES, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes,
     runner_of, strategy_for,
@@ -243,6 +244,7 @@ def _meta(args, target, draft, sampling: SamplingParams, argv) -> dict:
             "max_new_tokens": args.max_new_tokens, "temperature": sampling.temperature, "repeat": args.repeat,
             "ballast_gb": args.ballast_gb,
             "surface": args.surface, "machine": machine(), "load_average": os.getloadavg(),
+            "llama_cpp": llama_cpp_build() if "llama.cpp" in (backend, args.draft_backend) else None,
             "target": target.name, "draft": draft.name if draft is not None else None,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "speclens bench " + " ".join(argv if argv is not None else sys.argv[1:])}

@@ -168,7 +168,8 @@ def markdown(report: dict) -> str:
     meta, modes, runs, summary = report["meta"], report["modes"], report["runs"], report["summary"]
     lines = [f"{meta['pair']} pair, target on {meta['backend']}, draft on {meta['draft_backend']}, "
              f"{meta['max_new_tokens']} new tokens, temperature {meta['temperature']}, {meta['repeat']} repeat(s) "
-             f"(median shown), {meta['machine']}; decode tokens/s (after the first token)", "",
+             f"(median shown), {meta['machine']}" + (f", {meta['llama_cpp']}" if meta.get("llama_cpp") else "")
+             + "; decode tokens/s (after the first token)", "",
              "| set | prompt | " + " | ".join(f"{m}" for m in modes) + " |",
              "|---|---|" + "---:|" * len(modes)]
     speeds = _speeds(runs, "engine")

@@ -1,0 +1,28 @@
+#!/bin/bash
+# Installs llama-cpp-python built from its PyPI sdist with SpecLens's small-batch Q4_K/Q6_K kernels
+# (native/llama.cpp/README.md says what it changes and why) into the active Python environment: about 8 minutes on
+# 2 cores. The version is pinned because the patch is written against that release's vendored llama.cpp.
+# Usage: tools/build_llama_cpp.sh
+set -euo pipefail
+version=0.3.36
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+python -m pip download -q --no-deps --no-binary :all: -d . "llama-cpp-python==$version" >/dev/null
+tar xzf "llama_cpp_python-$version.tar.gz"
+cd "llama_cpp_python-$version"
+cp "$here/native/llama.cpp/kquant_rows.h" vendor/llama.cpp/ggml/src/ggml-cpu/speclens_kquant_rows.h
+git apply -p1 "$here/native/llama.cpp/repack.cpp.patch"   # git rather than patch(1), which a fresh machine may lack
+# the compiler's output goes to a log that is shown only when the build fails
+log=$work/build.log
+python -m pip install -q --no-deps --force-reinstall . >"$log" 2>&1 || { tail -n 40 "$log" >&2; exit 1; }
+# its dependencies (numpy, jinja2, ...) come with the project's install; say what was built without importing it
+python - <<'PY'
+import ctypes, importlib.util, pathlib
+package = pathlib.Path(importlib.util.find_spec("llama_cpp").submodule_search_locations[0])
+lib = next(iter(sorted((package / "lib").glob("*ggml-cpu*"))))
+kernels = hasattr(ctypes.CDLL(str(lib)), "speclens_gemm_q4_K_8x8_q8_K")
+print("llama-cpp-python built", "with SpecLens's Q4_K/Q6_K batch kernels" if kernels
+      else "with stock kernels: this CPU has no AVX-512 VNNI, which SpecLens's kernels need")
+PY
