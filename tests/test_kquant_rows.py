@@ -3,7 +3,8 @@ random weights and activation rows: they give stock llama.cpp's products within 
 on the same repacked blocks; Q6_K: its dot product on the blocks before repacking, repacked here as
 make_block_q6_Kx8 does), a wrong nibble shows, and a row's result does not depend on how many rows come with it, so
 a verification batch and a plain step compute the same products. Skipped where the installed llama.cpp lacks the
-kernels (a stock build, or a CPU without AVX-512 VNNI)."""
+kernels (a stock build, or a CPU without AVX2); the kernels checked are the variant the build compiled for this CPU
+(AVX-512 VNNI, else AVX2)."""
 from __future__ import annotations
 
 import ctypes
@@ -31,7 +32,7 @@ def ggml_cpu():
         pytest.skip("no libggml-cpu beside llama_cpp")
     cpu = ctypes.CDLL(str(lib))
     if not hasattr(cpu, "speclens_gemm_q4_K_8x8_q8_K"):
-        pytest.skip("this llama.cpp build has no SpecLens kernels (tools/build_llama_cpp.sh, AVX-512 VNNI)")
+        pytest.skip("this llama.cpp build has no SpecLens kernels (tools/build_llama_cpp.sh builds them)")
     for name in ("speclens_gemm_q4_K_8x8_q8_K", "speclens_gemm_q6_K_8x8_q8_K", "ggml_gemv_q4_K_8x8_q8_K"):
         getattr(cpu, name).argtypes, getattr(cpu, name).restype = PRODUCT, None
     cpu.ggml_vec_dot_q6_K_q8_K.argtypes, cpu.ggml_vec_dot_q6_K_q8_K.restype = DOT, None

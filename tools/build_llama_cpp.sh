@@ -24,5 +24,5 @@ package = pathlib.Path(importlib.util.find_spec("llama_cpp").submodule_search_lo
 lib = next(iter(sorted((package / "lib").glob("*ggml-cpu*"))))
 kernels = hasattr(ctypes.CDLL(str(lib)), "speclens_gemm_q4_K_8x8_q8_K")
 print("llama-cpp-python built", "with SpecLens's Q4_K/Q6_K batch kernels" if kernels
-      else "with stock kernels: this CPU has no AVX-512 VNNI, which SpecLens's kernels need")
+      else "with stock kernels: this CPU has neither AVX-512 VNNI nor AVX2, one of which SpecLens's kernels need")
 PY

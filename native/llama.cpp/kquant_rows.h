@@ -3,7 +3,8 @@
 // Stock llama.cpp 0.3.36 (ggml 0.25.3) runs such a batch of Q4_K rows one by one below 4 rows and with an AVX2
 // kernel below 16 (its AVX-512 path takes 16 rows at a time), and Q6_K rows one by one on x86, so each extra row cost
 // about 0.85 of a single row on a 2-core Zen 4. These kernels read each block of 8 weight columns once, unpack it
-// once, and run every row against it with AVX-512 VNNI (`vpdpbusd`: unsigned codes times the signed Q8_K activations).
+// once, and run every row against it with AVX-512 VNNI (`vpdpbusd`: unsigned codes times the signed Q8_K activations;
+// an AVX2 variant below does the same with vpmaddubsw).
 // The arithmetic is the stock kernels': exact integer dot products per sub-block, times the sub-block scales, then the
 // fp16 super-block scales in float; only the order of the float additions differs (as between stock gemv and gemm).
 #pragma once
