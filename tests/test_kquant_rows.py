@@ -8,10 +8,11 @@ kernels (a stock build, or a CPU without AVX2); the kernels checked are the vari
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import numpy as np
 import pytest
+
+from core.backends.kquant_kernels import SYMBOL, ggml_cpu_library
 
 QK_K = 256
 Q4_K_X8 = np.dtype([("d", "<f2", 8), ("dmin", "<f2", 8), ("scales", "u1", 96), ("qs", "u1", 1024)])
@@ -26,12 +27,11 @@ SHAPES = [(256, 8, 1), (512, 16, 2), (768, 24, 3), (1024, 32, 4), (512, 40, 7), 
 
 @pytest.fixture(scope="module")
 def ggml_cpu():
-    llama_cpp = pytest.importorskip("llama_cpp")
-    lib = next((Path(llama_cpp.__file__).parent / "lib").glob("libggml-cpu.so*"), None)
+    lib = ggml_cpu_library()
     if lib is None:
-        pytest.skip("no libggml-cpu beside llama_cpp")
+        pytest.skip("no llama_cpp with its libggml-cpu installed")
     cpu = ctypes.CDLL(str(lib))
-    if not hasattr(cpu, "speclens_gemm_q4_K_8x8_q8_K"):
+    if not hasattr(cpu, SYMBOL):
         pytest.skip("this llama.cpp build has no SpecLens kernels (tools/build_llama_cpp.sh builds them)")
     for name in ("speclens_gemm_q4_K_8x8_q8_K", "speclens_gemm_q6_K_8x8_q8_K", "ggml_gemv_q4_K_8x8_q8_K"):
         getattr(cpu, name).argtypes, getattr(cpu, name).restype = PRODUCT, None

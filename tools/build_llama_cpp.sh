@@ -18,11 +18,4 @@ git apply -p1 "$here/native/llama.cpp/repack.cpp.patch"   # git rather than patc
 log=$work/build.log
 python -m pip install -q --no-deps --force-reinstall . >"$log" 2>&1 || { tail -n 40 "$log" >&2; exit 1; }
 # its dependencies (numpy, jinja2, ...) come with the project's install; say what was built without importing it
-python - <<'PY'
-import ctypes, importlib.util, pathlib
-package = pathlib.Path(importlib.util.find_spec("llama_cpp").submodule_search_locations[0])
-lib = next(iter(sorted((package / "lib").glob("*ggml-cpu*"))))
-kernels = hasattr(ctypes.CDLL(str(lib)), "speclens_gemm_q4_K_8x8_q8_K")
-print("llama-cpp-python built", "with SpecLens's Q4_K/Q6_K batch kernels" if kernels
-      else "with stock kernels: this CPU has neither AVX-512 VNNI nor AVX2, one of which SpecLens's kernels need")
-PY
+python "$here/core/backends/kquant_kernels.py"

@@ -1,28 +1,37 @@
 """Whether the installed llama.cpp carries SpecLens's small-batch Q4_K/Q6_K kernels (native/llama.cpp, installed by
 tools/build_llama_cpp.sh). With them a verification call on 2-16 tokens costs little more than one token on an
 AVX-512 VNNI CPU, which the plan measures like any other cost; the bench names the build it ran on, because the same
-command gives other speeds on a stock build."""
+command gives other speeds on a stock build.
+
+Run as a script (``python core/backends/kquant_kernels.py``, standard library only) it says which build is installed:
+the build script asks it before the project and numpy are."""
 from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 from pathlib import Path
 
 SYMBOL = "speclens_gemm_q4_K_8x8_q8_K"
 
 
+def ggml_cpu_library() -> Path | None:
+    """llama-cpp-python's CPU backend library, found without importing llama_cpp (whose import needs numpy)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return next(iter(sorted((Path(spec.submodule_search_locations[0]) / "lib").glob("*ggml-cpu*"))), None)
+
+
 @functools.cache
 def has_speclens_kernels() -> bool:
-    try:
-        import llama_cpp
-    except ImportError:
+    lib = ggml_cpu_library()
+    if lib is None:
         return False
-    for lib in sorted((Path(llama_cpp.__file__).parent / "lib").glob("*ggml-cpu*")):
-        try:
-            return hasattr(ctypes.CDLL(str(lib)), SYMBOL)
-        except OSError:
-            continue
-    return False
+    try:
+        return hasattr(ctypes.CDLL(str(lib)), SYMBOL)
+    except OSError:
+        return False
 
 
 def llama_cpp_build() -> str:
@@ -31,3 +40,10 @@ def llama_cpp_build() -> str:
 
     kind = "with SpecLens's Q4_K/Q6_K batch kernels" if has_speclens_kernels() else "(stock)"
     return f"llama-cpp-python {llama_cpp.__version__} {kind}"
+
+
+if __name__ == "__main__":
+    if ggml_cpu_library() is None:
+        raise SystemExit("llama-cpp-python is not installed in this environment")
+    print("llama-cpp-python built", "with SpecLens's Q4_K/Q6_K batch kernels" if has_speclens_kernels()
+          else "with stock kernels: this CPU has neither AVX-512 VNNI nor AVX2, one of which SpecLens's kernels need")
