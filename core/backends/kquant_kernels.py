@@ -46,4 +46,4 @@ if __name__ == "__main__":
     if ggml_cpu_library() is None:
         raise SystemExit("llama-cpp-python is not installed in this environment")
     print("llama-cpp-python built", "with SpecLens's Q4_K/Q6_K batch kernels" if has_speclens_kernels()
-          else "with stock kernels: this CPU has neither AVX-512 VNNI nor AVX2, one of which SpecLens's kernels need")
+          else "with stock kernels: tools/build_llama_cpp.sh adds SpecLens's where the CPU has AVX-512 VNNI or AVX2")
