@@ -2,6 +2,8 @@
 exact (enumeration, greedy identity, chi-square), and that an edited copy is drafted across its edits."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -89,6 +91,22 @@ def test_the_drafter_proposes_resumed_copies_in_their_own_bucket() -> None:
         "deeper nodes continue a copy and are judged as copies"
     assert "resumes after an edit" in (drafter.draft(context, 4, 8) and drafter.note)
     assert BUCKET_LABELS[bucket(RESUMED)] == "resumed"
+
+
+def test_a_guess_that_cannot_pay_gives_way_to_a_suffix_match_that_can() -> None:
+    # the copy of SOURCE breaks off at 98 99, which the prompt wrote before (followed by 7): the answer writing again
+    # what it wrote earlier, between two stretches of copied code
+    prompt = SOURCE + [0, 98, 99, 7, 0] + [10, 11, 12, 13]
+    context = prompt + [14, 98, 99]
+    for least_first, resumed in ((lambda key: math.inf if key == RESUMED else 0.0, False),
+                                 (lambda key: math.inf, True), (lambda key: 0.0, True)):
+        drafter = MemoryDrafter(budget=8, max_depth=4)
+        drafter.start(prompt)
+        drafter.propose(prompt, 8, 4, least_first=least_first)   # anchors the copy
+        proposal = drafter.propose(context, 8, 4, least_first=least_first)
+        assert proposal.resumed == resumed and drafter.last_proposal is proposal
+        if not resumed:
+            assert proposal.match == 2 and proposal.tree.tokens[0] == 7 and proposal.node_matches[0] == key(2)
 
 
 def test_statistics_written_before_the_resumed_bucket_still_load() -> None:

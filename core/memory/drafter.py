@@ -5,9 +5,9 @@ Each step the drafter finds the longest suffix of the context that occurred befo
 or in the :class:`SuffixMemory` attached, and builds the tree from what followed every occurrence of that length.
 Recent occurrences weigh more: the live text first, then the documents used most recently. Where a copy just broke
 off (an edit of the live text, or a regenerated answer leaving the remembered one), the tree holds guesses of where it
-resumes instead (core.memory.resume), and once it has resumed, the edit is applied wherever a copy meets the same
-source tokens again (core.memory.substitutions), and the copy is followed through the edits it made where that agrees
-longer than any suffix match.
+resumes instead (core.memory.resume), unless they cannot pay and a short suffix match can; once it has resumed, the
+edit is applied wherever a copy meets the same source tokens again (core.memory.substitutions), and the copy is
+followed through the edits it made where that agrees longer than any suffix match.
 At the end of a generation the answer is remembered behind the prompt's last tokens, so that the same prompt drafts
 it next time, with the probability each token was drawn with: drafted again under the same sampling settings, a node
 of it is estimated at that probability (core.memory.proposal).
@@ -132,10 +132,11 @@ class MemoryDrafter(DrafterBase):
             if self._last is not None:
                 return self._last
             self._learn_edits(live_match, live_ends, mem_match, mem_ends, state)
-            if match < ANCHOR_MATCH:
-                self._last = self._resumed(match, depth, state, max_nodes, max_depth, least_first)
-                if self._last is not None:
-                    return self._last
+        resumed = self._resumed(match, depth, state, max_nodes, max_depth, least_first) \
+            if self.resume and match < ANCHOR_MATCH else None
+        if resumed is not None and (len(resumed.tree) and not resumed.cut or match < max(min_match, 1)):
+            self._last = resumed
+            return resumed
         if match < max(min_match, 1):
             self._last = MemoryProposal(TokenTree(), match)
             return self._last
@@ -156,8 +157,12 @@ class MemoryDrafter(DrafterBase):
             recorded.append(self._recorded(state, ends, mem_match, found_rows.shape[1], found_edits))
         # the answer echoing itself holds less often than a copy of its prompt (core.memory.stats): which one this is
         own = live_match == match and int(live_ends.max()) >= self._answer_start
-        self._last = self._tree(rows, None, documents, edits, match, max_nodes, max_depth, least_first,
-                                remembered=live_match < match, recorded=recorded, own=own)
+        found = self._tree(rows, None, documents, edits, match, max_nodes, max_depth, least_first,
+                           remembered=live_match < match, recorded=recorded, own=own)
+        # a guess of where the copy resumes that cannot pay gives way to a suffix match that can (the answer writing a
+        # type annotation again, between two stretches of copied code); where neither can, the guess stays, so that
+        # its bucket keeps learning from what the target then emits
+        self._last = resumed if resumed is not None and len(resumed.tree) and found.cut else found
         return self._last
 
     def _recorded(self, state: MemoryState, ends: np.ndarray, match: int, depth: int,
