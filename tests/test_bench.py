@@ -271,6 +271,25 @@ def test_aa_controls_run_as_twins_of_their_reference(tmp_path, prompt_file) -> N
     assert set(report["summary"]["baseline:again"]["by_prompt"]) == {"set/p1", "set/p2"}
 
 
+def test_a_regenerated_prompts_earlier_answer_is_decoded_from_an_empty_cache() -> None:
+    # as every timed run is: on another prompt's cached prefix the prefill's floats differ, and a near-tie could part
+    # the remembered answer from the one the runs decode
+    from core.bench.run import BenchSetup, _memory_for
+    from core.drafting import Baseline
+    from core.engine import SpeculativeEngine
+
+    target = TableBackend(random_table(9, seed=0), 9, "target")
+    SpeculativeEngine(target, None, Baseline(), SamplingParams()).generate([1, 2, 3], 4)
+    assert target.committed, "the run before leaves its tokens cached"
+    cached_at_prefill = []
+    prefill = target.prefill
+    target.prefill = lambda ids, **kw: (cached_at_prefill.append(len(target.committed)), prefill(ids, **kw))[1]
+    memory = SuffixMemory(target.fingerprint())
+    setup = BenchSetup(target, None, {}, {}, memory, SamplingParams(), 4, 1, [EngineSurface()])
+    _memory_for(setup, {"regenerate": True, "set": "s", "id": "r"}, [1, 2, 4], memory.snapshot(), lambda line: None)
+    assert cached_at_prefill == [0]
+
+
 def test_a_regenerated_prompt_is_a_new_sample_for_every_contestant() -> None:
     # the earlier answer a runner is shown (and SpecLens remembers) is drawn with another seed than the timed run:
     # with the same one a server that learns from what it served would draft the very sample it then draws

@@ -196,6 +196,10 @@ def _memory_for(setup: BenchSetup, prompt: dict, ids: list[int], before, log: Lo
     setup.memory.restore(before)
     if not prompt["regenerate"]:
         return before
+    # from an empty cache, as every timed run starts: a prefill on the prefix another prompt left cached computes other
+    # floats, and a near-tie then parts the earlier answer from the one the runs decode (seen: a greedy regeneration
+    # copied 81 tokens and decoded the last 15 plainly in some repeats, whichever run came before it)
+    forget_prompts(setup.target)
     engine = SpeculativeEngine(setup.target, None, Baseline(), earlier_sampling(setup.sampling))
     earlier = setup.call(lambda: engine.generate(ids, setup.max_new_tokens))
     setup.memory.add_answer(ids, earlier.tokens, earlier.token_probs, engine.sampling.distribution_key)
