@@ -308,7 +308,6 @@ class MemoryDrafter(DrafterBase):
             if used:
                 self.memory.touch(used)
 
-
     def finish(self, prompt: Sequence[int], answer: Sequence[int], probs: Sequence[float]) -> None:
         self.remember(prompt, answer, probs)
 
