@@ -213,7 +213,7 @@ class ChatSession(QObject):
             self.status.emit(BUSY_REASON)
             return False
         req, finished = record.request, record.finished
-        messages = list(req.messages) if req.chat else [{"role": "user", "content": req.prompt}]
+        messages = list(req.messages) if req.chat else [{"role": "user", "content": req.text}]
         turns = [m for m in messages if m["role"] in ("user", "assistant")] or [{"role": "user", "content": ""}]
         first = (turns[-1]["content"].strip().splitlines() or [""])[0]
         self._unsaved -= 1

@@ -114,6 +114,12 @@ class EarlyExit:
     def tokenize(self, text: str) -> list[int]:
         return self.target.tokenize(text)
 
+    def tokenize_special(self, text: str) -> list[int]:
+        return self.target.tokenize_special(text)
+
+    def infill_tokens(self) -> tuple[int, int, int] | None:
+        return self.target.infill_tokens()
+
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.target.detokenize(ids)
 

@@ -6,6 +6,7 @@ the tree view) on any machine without real weights. Its output is random text, b
 from __future__ import annotations
 
 import string
+from typing import Sequence
 
 import torch
 
@@ -16,15 +17,16 @@ CHAT_TEMPLATE = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def tiny_tokenizer():
-    """A character-level tokenizer over printable ASCII plus ChatML special tokens."""
+def tiny_tokenizer(extra_specials: Sequence[str] = ()):
+    """A character-level tokenizer over printable ASCII plus ChatML special tokens, and ``extra_specials`` after them
+    (fill-in-the-middle tokens, say: the other ids stay as they are)."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
     chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars + list(extra_specials))}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|endoftext|>"))
-    core.add_special_tokens(SPECIALS)
+    core.add_special_tokens(SPECIALS + list(extra_specials))
     core.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", bos_token=None,
                                    pad_token="<|endoftext|>", unk_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)

@@ -51,6 +51,12 @@ class TableBackend:
     def tokenize(self, text: str) -> list[int]:
         return [int(t) for t in text.split()]
 
+    def tokenize_special(self, text: str) -> list[int]:
+        return self.tokenize(text)      # a table has no special tokens
+
+    def infill_tokens(self) -> None:
+        return None
+
     def detokenize(self, ids: Sequence[int]) -> str:
         return "".join(f"<{i}>" for i in ids)
 

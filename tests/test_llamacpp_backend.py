@@ -254,6 +254,30 @@ def test_message_text_is_never_parsed_as_special_tokens(target):
     assert target.tokenize("bad \ud800 surrogate")                              # no UnicodeEncodeError
 
 
+def test_fill_in_the_middle_tokens_and_raw_prompts_read_alike_on_both_backends(tmp_path, target):
+    """llama.cpp finds a GGUF's fill-in-the-middle tokens by their spelling, and transformers reading the same file
+    finds the same ones; a raw prompt's special-token text becomes those tokens on both, and stays text in
+    ``tokenize``."""
+    from transformers import AutoTokenizer
+
+    from core.backends.hf import HFBackend
+    from core.tiny import tiny_model
+
+    fim = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+    path = write_tiny_gguf(tmp_path / "fim.gguf", arch="qwen2", extra_tokens=fim)
+    llama = LlamaCppBackend(path, n_ctx=CONTEXT, n_threads=1)
+    hf = HFBackend(tiny_model(llama.vocab_size, 0), AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name),
+                   device="cpu")
+    ids = [llama.tokenize_special(name) for name in fim]
+    assert all(len(i) == 1 for i in ids) and llama.infill_tokens() == tuple(i[0] for i in ids)
+    assert hf.infill_tokens() == llama.infill_tokens()
+    raw = "<|fim_prefix|>the thing(<|fim_suffix|>) is<|fim_middle|>"
+    assert hf.tokenize_special(raw) == llama.tokenize_special(raw)
+    assert [llama.special_name(t) for t in llama.tokenize_special(raw) if llama.special_name(t)] == list(fim)
+    assert not any(llama.special_name(t) for t in llama.tokenize(raw))
+    assert target.infill_tokens() is None and hf.infill_tokens() is not None
+
+
 def test_fingerprints_compare_tokenizers(target, draft, files):
     other = LlamaCppBackend(files["other_tokenizer"], n_ctx=CONTEXT, n_threads=1)
     assert target.fingerprint() == draft.fingerprint()

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.backends.hf import HFBackend
 from core.drafting import Baseline, Chain
+from core.engine import SpeculativeEngine
 from core.memory import Memory
 from core.auto import Auto
 from core.sampling import SamplingParams, logits_to_probs
@@ -85,6 +86,38 @@ def test_text_completions_and_the_model_list(server):
     out = c.completions.create(model="tiny", prompt="Once upon", max_tokens=8, temperature=0)
     assert out.object == "text_completion" and out.usage.completion_tokens == len(out.choices) * 8
     assert isinstance(out.choices[0].text, str)
+
+
+def test_a_suffix_is_filled_in_the_middle_with_the_models_own_tokens():
+    """OpenAI's ``suffix``: the model writes what goes between the prompt and the suffix, from its own
+    fill-in-the-middle prompt, exactly as Baseline decodes that prompt; the same prompt spelt out with the tokens'
+    text as a raw prompt (as editors send it) is read as those tokens and answered the same."""
+    fim = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+    tok = tiny_tokenizer(fim)
+    target = HFBackend(tiny_model(len(tok), 0, eos_id=tok.eos_token_id), tok, device="cpu", name="tiny-fim")
+    models = ServedModels(target, None, Memory(8, 8), "tiny-fim", remember_answers=False)
+    before, after = "def area(w, h):\n    return ", "\n\nprint(area(2, 3))\n"
+    pre, suf, mid = tok.convert_tokens_to_ids(list(fim))
+    prompt = [pre, *target.tokenize(before), suf, *target.tokenize(after), mid]
+    baseline = SpeculativeEngine(target, None, Baseline(), SamplingParams(min_tokens=20)).generate(prompt, 20)
+    with serving(models) as (url, _):
+        options = dict(model="tiny-fim", max_tokens=20, temperature=0, extra_body={"min_tokens": 20})
+        filled = client(url).completions.create(prompt=before, suffix=after, **options)
+        raw = client(url).completions.create(prompt="".join([fim[0], before, fim[1], after, fim[2]]), **options)
+        at_start = client(url).completions.create(prompt="", suffix=after, **options)
+    assert filled.usage.prompt_tokens == raw.usage.prompt_tokens == len(prompt)
+    assert filled.choices[0].text == raw.choices[0].text == target.detokenize(baseline.tokens)
+    assert at_start.usage.prompt_tokens == len(prompt) - len(before)
+    assert parse({"messages": ASK, "suffix": "y"}, chat=True, context_length=100).suffix is None    # chat has none
+
+
+def test_a_suffix_for_a_model_without_fill_in_the_middle_tokens_is_refused(server):
+    url, _, _ = server
+    for body, param in (({"prompt": "a", "suffix": "b"}, "suffix"), ({"prompt": "a", "suffix": 3}, "suffix"),
+                        ({"prompt": "", "suffix": ""}, "prompt")):
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", **body}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, body
+    assert chat(url, max_tokens=2).usage.completion_tokens == 2
 
 
 def test_a_prediction_never_changes_greedy_output_and_is_drafted_from(server):

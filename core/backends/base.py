@@ -60,6 +60,13 @@ class Backend(Protocol):
     def tokenize(self, text: str) -> list[int]:
         """Token ids of plain text: special-token text such as ``<|im_end|>`` stays text."""
 
+    def tokenize_special(self, text: str) -> list[int]:
+        """Token ids of raw prompt text in which special-token text such as ``<|fim_prefix|>`` is that token, as
+        llama-server and vLLM read a text completion's prompt."""
+
+    def infill_tokens(self) -> tuple[int, int, int] | None:
+        """The model's fill-in-the-middle (prefix, suffix, middle) tokens (core.backends.infill); None: it has none."""
+
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of a sequence of ids as a reader sees it: control tokens render as nothing."""
 

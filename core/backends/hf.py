@@ -18,6 +18,7 @@ from core.backends.base import (BackendError, Progress, check_fits, check_tree_c
                                 prefill_chunks, reusable_prefix, tokenizer_digest)
 from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps, evaluate
 from core.backends.devices import DECODE_ADVICE, LOAD_ADVICE, check_device, out_of_memory_as_error
+from core.backends.infill import spelled
 from core.backends.static_cache import StepInputs, TreeKVCache, forward_into_cache
 from core.tree import TokenTree
 
@@ -59,6 +60,7 @@ class HFBackend:
         self._specials = {int(i): str(t) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
                           if getattr(t, "special", False)}
         self._text_cache: dict[int, str] = {}
+        self._infill = spelled(tokenizer.get_vocab()) if tokenizer is not None else None
         self.prefill_chunk = PREFILL_CHUNK
         self.reset()
 
@@ -76,6 +78,12 @@ class HFBackend:
     def tokenize(self, text: str) -> list[int]:
         """Token ids of plain ``text``: special-token text such as ``<|im_end|>`` stays text."""
         return self._tokenize(text, split_special=True)
+
+    def tokenize_special(self, text: str) -> list[int]:
+        return self._tokenize(text, split_special=False)
+
+    def infill_tokens(self) -> tuple[int, int, int] | None:
+        return self._infill
 
     def _tokenize(self, text: str, split_special: bool) -> list[int]:
         if self.tokenizer is None:

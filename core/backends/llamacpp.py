@@ -245,6 +245,16 @@ class LlamaCppBackend:
         """Token ids of plain ``text``: special-token text such as ``<|im_end|>`` stays text."""
         return self._tokenize(text, parse_special=False)
 
+    def tokenize_special(self, text: str) -> list[int]:
+        return self._tokenize(text, parse_special=True)
+
+    def infill_tokens(self) -> tuple[int, int, int] | None:
+        # llama.cpp reads them from the GGUF, else recognises them by their spelling (core.backends.infill)
+        lib = self._lib
+        ids = tuple(int(f(self._vocab)) for f in (lib.llama_vocab_fim_pre, lib.llama_vocab_fim_suf,
+                                                    lib.llama_vocab_fim_mid))
+        return ids if min(ids) >= 0 else None
+
     def _tokenize(self, text: str, parse_special: bool) -> list[int]:
         # lone surrogates cannot be UTF-8: they become U+FFFD rather than a UnicodeEncodeError
         data = text.encode("utf-8", errors="replace")

@@ -91,6 +91,12 @@ class ScriptedTarget:
             raise NotImplementedError("a scripted target without a tokenizer decodes token ids only")
         return list(self.tokenizer.tokenize(text))
 
+    def tokenize_special(self, text: str) -> list[int]:
+        return self.tokenize(text)
+
+    def infill_tokens(self) -> None:
+        return None
+
     def apply_chat_template(self, messages) -> list[int]:
         raise NotImplementedError("a scripted target decodes token ids only")
 

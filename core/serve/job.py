@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from core.auto import attach_memory
 from core.backends.base import reusable_prefix
+from core.backends.infill import infill_prompt
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult, StepEvent, StopReason
 from core.memory import SuffixMemory
@@ -88,9 +89,16 @@ class ServedModels:
         self.strategy = attach_memory(self.strategy, self.memory)
 
     def prompt_ids(self, request: ServeRequest) -> list[int]:
+        """RequestError when the request fills in the middle and the model has no tokens to do it with."""
         if request.chat:
             return self.target.apply_chat_template(list(request.messages))
-        return self.target.tokenize(request.prompt)
+        if request.suffix is None:
+            return self.target.tokenize_special(request.prompt)
+        tokens = self.target.infill_tokens()
+        if tokens is None:
+            raise RequestError(f"{self.name} has no fill-in-the-middle tokens: it cannot complete between a prompt "
+                               "and a 'suffix'", param="suffix")
+        return infill_prompt(tokens, self.target.tokenize(request.prompt), self.target.tokenize(request.suffix))
 
 
 def accepted_prediction_tokens(prediction: Sequence[int], completion: Sequence[int]) -> int:

@@ -1,7 +1,8 @@
 """An OpenAI request, checked and turned into what the engine needs; every refusal in OpenAI's error shape.
 
 Chat completions take ``messages`` (text content, or a list of text parts); text completions take ``prompt`` (a
-string). Both take ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
+string, its special-token text read as those tokens, as llama-server and vLLM read it) and ``suffix`` (an editor's
+fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
 ``n`` (1 only), ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the
 answer is expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``.
 """
@@ -14,6 +15,7 @@ from core.sampling import SamplingError, SamplingParams
 
 MAX_STOPS = 4              # as OpenAI
 ROLES = ("system", "user", "assistant", "developer")
+MIDDLE_MARK = "\u2038"     # where a fill-in-the-middle request's answer goes, as the window shows it
 
 
 class RequestError(Exception):
@@ -42,10 +44,17 @@ class ServeRequest:
     stream: bool
     include_usage: bool
     prediction: str | None
+    suffix: str | None = None       # a text completion that fills in the middle (core.backends.infill)
 
     @property
     def chat(self) -> bool:
         return self.messages is not None
+
+    @property
+    def text(self) -> str:
+        """A text completion as a reader sees it: the prompt, and where the middle is filled in, a mark for it and
+        the suffix."""
+        return self.prompt if self.suffix is None else f"{self.prompt}{MIDDLE_MARK}{self.suffix}"
 
 
 def _number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
@@ -142,8 +151,12 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
+        suffix = body.get("suffix")
+        if suffix is not None and not isinstance(suffix, str):
+            raise RequestError("'suffix' must be a string", param="suffix")
+        # filling in the middle, the cursor may be at the file's start
+        if not isinstance(prompt, str) or not (prompt or suffix):
             raise RequestError("'prompt' must be a non-empty string", param="prompt")
         messages = None
     return ServeRequest(model, messages, prompt, max_tokens, sampling, _stop(body), stream,
-                        bool(options.get("include_usage", False)), _prediction(body))
+                        bool(options.get("include_usage", False)), _prediction(body), None if chat else suffix)
