@@ -75,6 +75,22 @@ def test_flat_verification_means_trees_and_lossless() -> None:
     assert auto.last_drafter.predicted_speedup > 1.5
 
 
+def test_the_draft_model_reads_the_text_only_when_a_step_first_drafts_with_it() -> None:
+    target, draft = tiny_draft_pair(vocab=24, seed=7, noise=0.05)
+    prompt = [1, 2, 3, 4, 5]
+    plan = make_plan(target, draft, {1: 1.0, 16: 1.0})      # trees pay
+    # the first token comes alone: it waits for the target's prefill only, not for the draft model's
+    draft.reset()
+    first, _ = run(target, draft, Auto(plan, use_memory=False, clock=None), prompt=prompt, tokens=1)
+    assert len(first.tokens) == 1 and draft.committed == []
+    # the first tree step has the model read the text (the prompt and the first token) before it drafts
+    auto = Auto(plan, use_memory=False, clock=None)
+    result, events = run(target, draft, auto, prompt=prompt)
+    assert result.tokens == baseline(target, prompt).tokens and auto.last_drafter.counts["tree"] > 0
+    assert events[0].nodes == () and {n.source for n in events[1].nodes} == {"draft"}
+    assert draft.committed[:len(prompt)] == prompt
+
+
 def test_memory_drafts_when_the_text_repeats(tmp_path) -> None:
     target, _ = tiny_draft_pair(vocab=24, seed=7)
     auto = Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=open_memory("t", tmp_path), clock=None)
