@@ -143,6 +143,37 @@ def test_fast_apply_times_every_server_with_nothing_cached(binary, tiny_files, t
     assert all(r["same_as_without_prediction"] for r in runs if r["mode"] == "speclens:prediction")
 
 
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+@pytest.mark.llama_server
+def test_completion_at_the_cursor_types_along_every_server_from_a_cold_start(binary, tmp_path):
+    from core.bench import cursor
+
+    target = write_tiny_gguf(tmp_path / "target.gguf", seed=0, context=512, extra_tokens=FIM)
+    draft = write_tiny_gguf(tmp_path / "draft.gguf", seed=0, noise=0.02, context=512, extra_tokens=FIM)
+    tasks = tmp_path / "cursor.jsonl"
+    tasks.write_text("".join(json.dumps({"id": name, "file": f"def {name}(path):\n    <CURSOR>\n\n\nprint(1)\n",
+                                         "held_out": held}) + "\n" for name, held in (("t1", False), ("t2", True))))
+    out = tmp_path / "cursor.json"
+    assert bench.main(["--surface", "cursor", "--target", str(target), "--draft", str(draft), "--prompts", str(tasks),
+                       "--modes", "speclens,llama-server:ngram", "--repeat", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    assert len(runs) == 2 * 2 * 3 * cursor.STEPS and {r["step"] for r in runs} == set(range(cursor.STEPS))
+    # every task starts cold on every server: nothing cached from the task or the mode before
+    assert all(r["cached_prompt_tokens"] == 0 for r in runs if r["step"] == 0)
+    for part in ("summary", "first", "typing"):
+        assert set(report[part]) == {"speclens", "llama-server", "llama-server:ngram"}
+    assert "after typing" in out.with_suffix(".md").read_text()
+
+
+def test_completion_at_the_cursor_needs_fill_in_the_middle_tokens(tiny_files, tmp_path, capsys):
+    target, draft = tiny_files
+    assert bench.main(["--surface", "cursor", "--target", str(target), "--draft", str(draft)]) == 2
+    assert "no fill-in-the-middle tokens" in capsys.readouterr().err
+
+
 def test_the_best_llama_server_configuration_is_the_one_fastest_over_plain():
     # two prompts of one set, one repeat: ngram is 1.5x plain, draft 0.8x; a mode at 3.0x plain is 2.0x the best
     speeds = {"llama-server": 10.0, "llama-server:ngram": 15.0, "llama-server:draft": 8.0, "auto": 30.0}

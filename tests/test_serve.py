@@ -367,6 +367,9 @@ def test_requests_are_read_as_openai_defines_them():
     assert req.sampling.top_p == 0.5 and req.sampling.seed == 3 and req.sampling.temperature == 1.0
     assert req.stop == ("\n",) and req.prediction == "pred"
     assert parse({"prompt": "x", "ignore_eos": True, "max_tokens": 9}, False, 100).sampling.min_tokens == 9
+    infill = parse({"prompt": "def f(", "suffix": "):"}, False, 100)
+    assert infill.suffix == "):" and infill.text == "def f(\u2038):"          # as the window shows it
+    assert parse({"prompt": "x"}, False, 100).text == "x"
     with pytest.raises(RequestError) as info:
         parse({"prompt": ""}, False, 100)
     assert info.value.param == "prompt"

@@ -23,7 +23,7 @@ from core.bench.modes import (
     ENDPOINT, HF_ASSISTED, LLAMA_SERVER_MODES, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes,
     runner_of, strategy_for,
 )
-from core.bench import fast_apply
+from core.bench import cursor, fast_apply
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
 from core.bench.run import (
@@ -36,6 +36,7 @@ from core.sampling import SamplingParams
 
 __all__ = ["DEFAULT_PROMPTS", "PROMPT_DIR", "BenchError", "geomean", "main", "read_prompts", "strategy_for"]
 
+HTTP_WORKLOADS = {"server": fast_apply, "cursor": cursor}     # --surface: an editor's requests over HTTP
 SurfaceFactory = Callable[[object, object], ComparedSurface]   # (target, draft) -> the surface to measure
 
 
@@ -44,7 +45,8 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     add_pair_arguments(parser)
     parser.add_argument("--modes", default=None, help=f"comma-separated: {MODE_HELP} (default baseline,auto); with "
                         f"--surface server: {', '.join(fast_apply.OWN_MODES + tuple(fast_apply.SERVER_MODES))} "
-                        f"(default {fast_apply.DEFAULT_MODES})")
+                        f"(default {fast_apply.DEFAULT_MODES}); with --surface cursor: "
+                        f"{', '.join(cursor.OWN_MODES + tuple(fast_apply.SERVER_MODES))} (default {cursor.DEFAULT_MODES})")
     parser.add_argument("--prompts", action="append", default=None,
                         help="a JSONL prompt file (repeatable); default: every set in resources/prompts")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts of each file")
@@ -53,11 +55,13 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of sampled runs")
     parser.add_argument("--memory", default="", help="folder of the memory of earlier texts to draft from (read, "
                         "never written); default: an empty memory, so that results do not depend on your history")
-    parser.add_argument("--surface", default="engine", choices=("engine", "server", *surfaces),
+    parser.add_argument("--surface", default="engine", choices=("engine", *HTTP_WORKLOADS, *surfaces),
                         help="engine: the bare engine; window: also through the real chat window (offscreen); "
-                        "server: fast apply over HTTP (core.bench.fast_apply) against llama-server")
+                        "server: fast apply over HTTP (core.bench.fast_apply) against llama-server; cursor: completion "
+                        "at the cursor while the user types, over HTTP (core.bench.cursor) against llama-server")
     parser.add_argument("--held-out", default="all", choices=("all", "only", "exclude"),
-                        help="with --surface server: all tasks, only the held-out half, or only the tuning half")
+                        help="with --surface server or cursor: all tasks, only the held-out half, or only the tuning "
+                        "half")
     parser.add_argument("--json", dest="out", default=None, help="write the JSON here (and the table next to it, .md)")
     parser.add_argument("--ballast-gb", type=float, default=0.0, metavar="GB",
                         help="touch and hold this much memory before any model loads, so that every engine's weights "
@@ -123,8 +127,8 @@ def main(argv: list[str] | None = None, surfaces: dict[str, SurfaceFactory] | No
 
 
 def _main(args, argv, surfaces: dict[str, SurfaceFactory]) -> int:
-    if args.surface == "server":
-        return _fast_apply(args, argv)
+    if args.surface in HTTP_WORKLOADS:
+        return _over_http(args, argv, HTTP_WORKLOADS[args.surface])
     try:
         modes, prompts, sampling = _settings(args)
     except (BenchError, ValueError) as exc:
@@ -176,15 +180,15 @@ def _ballast(gigabytes: float):
     return ballast
 
 
-def _fast_apply(args, argv) -> int:
-    """`--surface server`: fast apply over HTTP (core.bench.fast_apply)."""
-    args.modes = args.modes or fast_apply.DEFAULT_MODES
+def _over_http(args, argv, workload) -> int:
+    """`--surface server` or `cursor`: an editor's requests over HTTP (core.bench.fast_apply, core.bench.cursor)."""
+    args.modes = args.modes or workload.DEFAULT_MODES
     try:
-        fast_apply.parse_modes(args.modes)
+        workload.parse_modes(args.modes)
         if args.out:
             _check_writable(Path(args.out))
         target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device, args.target, args.draft)
-        report = fast_apply.run(args, target, draft, strategy_for("auto"))
+        report = workload.run(args, target, draft, strategy_for("auto"))
     except Exception as exc:   # a model, a server or a task file that will not do: one clear line
         print(f"speclens bench: {exc}", file=sys.stderr)
         return 2
@@ -192,7 +196,7 @@ def _fast_apply(args, argv) -> int:
                       "repeat": args.repeat, "machine": machine(), "load_average": os.getloadavg(),
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                       "command": "speclens bench " + " ".join(argv if argv is not None else sys.argv[1:])}
-    table = fast_apply.markdown(report)
+    table = workload.markdown(report)
     print(table)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))

@@ -41,9 +41,9 @@ SYSTEM = ("You are a code editor. Apply the requested change to the file and ans
 ANSWER_ROOM = 256   # tokens an answer may have beyond the file's own length
 
 
-def read_tasks(path: Path, held_out: str) -> list[dict]:
-    """The tasks of a JSONL file of {"id", "language", "instruction", "file", "held_out"}; ``held_out`` is all,
-    only or exclude."""
+def read_tasks(path: Path, held_out: str, fields: tuple[str, ...] = ("id", "instruction", "file")) -> list[dict]:
+    """The tasks of a JSONL file of {"id", "language", "instruction", "file", "held_out"} (the text ``fields`` are
+    required); ``held_out`` is all, only or exclude."""
     if not path.is_file():
         raise BenchError(f"task file {path} does not exist")
     tasks = []
@@ -54,9 +54,8 @@ def read_tasks(path: Path, held_out: str) -> list[dict]:
             task = json.loads(line)
         except json.JSONDecodeError as exc:
             raise BenchError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        if not isinstance(task, dict) or not all(isinstance(task.get(k), str) and task[k] for k in
-                                                 ("id", "instruction", "file")):
-            raise BenchError(f'{path}:{n}: each line needs "id", "instruction" and "file" (text)')
+        if not isinstance(task, dict) or not all(isinstance(task.get(k), str) and task[k] for k in fields):
+            raise BenchError(f"{path}:{n}: each line needs {', '.join(repr(k) for k in fields)} (text)")
         tasks.append({"language": "", "held_out": False, **task})
     chosen = [t for t in tasks if held_out == "all" or bool(t["held_out"]) == (held_out == "only")]
     if not chosen:
@@ -74,18 +73,20 @@ def prediction(task: dict) -> str:
     return f"```{task['language']}\n{task['file']}```"
 
 
-def parse_modes(text: str) -> list[str]:
+def parse_modes(text: str, own: tuple[str, ...] = OWN_MODES) -> list[str]:
+    """The modes asked for, SpecLens's ``own`` ones or llama-server's, with llama-server plain (the reference)."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in OWN_MODES and m not in SERVER_MODES]
+    unknown = [m for m in modes if m not in own and m not in SERVER_MODES]
     if unknown:
-        raise BenchError(f"unknown fast-apply mode(s) {', '.join(unknown)}; choose from "
-                         f"{', '.join(OWN_MODES + tuple(SERVER_MODES))}")
+        raise BenchError(f"unknown mode(s) {', '.join(unknown)} here; choose from "
+                         f"{', '.join(own + tuple(SERVER_MODES))}")
     if REFERENCE not in modes:
         modes.append(REFERENCE)
     return modes
 
 
-def _row(mode: str, task: dict, repeat: int, run: EndpointRun) -> dict:
+def timed_row(mode: str, task: dict, repeat: int, run: EndpointRun) -> dict:
+    """One timed request of ``task`` in ``mode``, as reported."""
     out = run.result
     stats = out.result.stats
     details = (out.usage or {}).get("completion_tokens_details") or {}
@@ -133,9 +134,9 @@ def summarise(runs: list[dict], modes: list[str]) -> dict:
     return summary
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict, what: str = "Fast apply over HTTP") -> str:
     meta, modes, runs, summary = report["meta"], report["modes"], report["runs"], report["summary"]
-    lines = [f"Fast apply over HTTP: {meta['target']} (+ {meta['draft']}), greedy, {meta['repeat']} repeat(s), "
+    lines = [f"{what}: {meta['target']} (+ {meta['draft']}), greedy, {meta['repeat']} repeat(s), "
              f"{meta['machine']}; decode tok/s after the first token (the servers' timings) and time to the whole "
              "answer (client clock, prefill included); ratios over llama-server plain", "",
              "| task | held out | " + " | ".join(f"{m} tok/s" for m in modes) + " | "
@@ -173,24 +174,26 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-class _Contestants:
-    """The servers of the chosen modes, started when needed, each handed out with nothing cached."""
+class Contestants:
+    """The servers of the chosen modes, started when needed, each handed out with nothing cached and nothing learnt;
+    SpecLens's own remembers the answers it serves (until the next hand-out) when ``remember_answers``."""
 
-    def __init__(self, modes: list[str], target, draft, strategy, binary: str | None) -> None:
+    def __init__(self, modes: list[str], target, draft, strategy, binary: str | None,
+                 remember_answers: bool = False) -> None:
         self.modes, self.target, self.draft, self.binary = modes, target, draft, binary
         self.own = None
         self.servers: dict[str, LlamaServer] = {}
-        if any(m in OWN_MODES for m in modes):
+        if any(m not in SERVER_MODES for m in modes):
             from core.serve.background import ServerThread
             from core.serve.cli import model_name, warm_for_requests
             from core.serve.executor import JobThread
             from core.serve.job import ServedModels
 
             engine = JobThread()
-            models = ServedModels(target, draft, strategy, model_name(target), remember_answers=False)
+            models = ServedModels(target, draft, strategy, model_name(target), remember_answers=remember_answers)
             engine.submit(lambda: warm_for_requests(models)).result()
             self.own = ServerThread(models, executor=engine).start()
-            self.own_engine, self.own_name = engine, models.name
+            self.own_engine, self.own_models = engine, models
         for mode in modes:
             if mode in SERVER_MODES:
                 config = SERVER_MODES[mode]
@@ -201,9 +204,9 @@ class _Contestants:
     def endpoint(self, mode: str) -> tuple[Endpoint, str]:
         """Where ``mode`` is served, its prompt cache empty: a server that found the task's prompt cached from the
         mode before would skip the prefill the others pay, and its time to the whole answer would look shorter."""
-        if mode in OWN_MODES:
-            self.own_engine.submit(lambda: forget_prompts(self.target, self.draft)).result()
-            return Endpoint(self.own.url, model=self.own_name), "speclens"
+        if mode not in SERVER_MODES:
+            self.own_engine.submit(lambda: (forget_prompts(self.target, self.draft), self.own_models.forget())).result()
+            return Endpoint(self.own.url, model=self.own_models.name), "speclens"
         server = self.servers[mode]
         server.restart()      # a fresh process: no cached prompt, and nothing learnt from earlier requests
         return Endpoint(server.url, model="any"), "llama.cpp"
@@ -221,7 +224,7 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
     modes = parse_modes(args.modes)
     tasks = read_tasks(Path(args.prompts[0]) if args.prompts else TASKS, args.held_out)
     greedy = SamplingParams(temperature=0.0)
-    contestants = _Contestants(modes, target, draft, strategy, args.llama_server)
+    contestants = Contestants(modes, target, draft, strategy, args.llama_server)
     runs: list[dict] = []
     try:
         for repeat in range(args.repeat):
@@ -235,7 +238,7 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
                     for _ in client.stream(messages(task), budget, greedy,
                                            prediction=prediction(task) if mode == "speclens:prediction" else None):
                         pass
-                    row = _row(mode, task, repeat, client)
+                    row = timed_row(mode, task, repeat, client)
                     runs.append(row)
                     log(f"  [{repeat + 1}/{args.repeat}] {task['id']} {mode}: {row['completion_tokens']} tokens, "
                         f"{row['decode_tokens_per_s']:.1f} tok/s, {row['seconds_to_answer']:.1f} s")

@@ -88,6 +88,10 @@ class ServedModels:
         self._empty = self.memory.snapshot()
         self.strategy = attach_memory(self.strategy, self.memory)
 
+    def forget(self) -> None:
+        """Drop the answers remembered: the next request drafts only from itself and its prediction."""
+        self.memory.restore(self._empty)
+
     def prompt_ids(self, request: ServeRequest) -> list[int]:
         """RequestError when the request fills in the middle and the model has no tokens to do it with."""
         if request.chat:
