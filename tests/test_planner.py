@@ -91,6 +91,19 @@ def test_the_draft_model_reads_the_text_only_when_a_step_first_drafts_with_it() 
     assert draft.committed[:len(prompt)] == prompt
 
 
+@pytest.mark.parametrize("tokens, reads", [(3, False), (120, True)])
+def test_a_long_text_is_read_by_the_draft_model_only_for_an_answer_long_enough_to_repay_it(tokens, reads) -> None:
+    target, draft = tiny_draft_pair(vocab=24, seed=7, noise=0.05)
+    prompt = [1 + i % 20 for i in range(300)]
+    # a tree step costs one plain step, and reading costs 0.01 plain steps a token: 3 plain steps for this prompt
+    auto = Auto(make_plan(target, draft, {1: 1.0, 16: 1.0}), use_memory=False, clock=None)
+    auto.plan.latencies = Latencies({1: 1.0, 16: 1.0}, {1: 0.01, 8: 0.08})
+    draft.reset()
+    result, _ = run(target, draft, auto, prompt=prompt, tokens=tokens)
+    assert result.tokens == baseline(target, prompt, tokens).tokens
+    assert (auto.last_drafter.counts["tree"] > 0) == reads and (draft.committed != []) == reads
+
+
 def test_memory_drafts_when_the_text_repeats(tmp_path) -> None:
     target, _ = tiny_draft_pair(vocab=24, seed=7)
     auto = Auto(make_plan(target, None, {1: 1.0, 2: 1.1, 16: 4.0}), memory=open_memory("t", tmp_path), clock=None)

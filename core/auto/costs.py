@@ -55,6 +55,12 @@ class Latencies:
             raise ValueError("no draft latencies were measured")
         return _interpolate(self.draft, width)
 
+    def reading_cost(self, n: int) -> float:
+        """Predicted seconds for the draft model to read ``n`` tokens of text: its widest measured call's cost per
+        token (a prefill's batches are wider still and cheaper per token: this errs on the dear side)."""
+        widest = max(self.draft)
+        return n * self.draft_cost(widest) / widest
+
     def tree_cost(self, parents: Sequence[int]) -> float:
         """Predicted seconds of one speculative step with this tree shape drafted by a model, then verified.
 

@@ -8,7 +8,8 @@ Each option is scored in predicted tokens per second from the evidence at hand:
   chosen to maximise the rate. The probabilities are memory's calibrated estimates, corrected by what *this* prompt
   has shown so far (:class:`PromptRates`): a few rejections at a match length stop drafting at that length here;
 * the draft model's Sequoia tree: ``c(n, d)`` from the acceptance tracked online, cost the measured draft and verify
-  times of that shape.
+  times of that shape, and until the model has read the text (it reads it at its first tree step, not before the
+  first token), this step's share of that reading over the tree steps the answer has left.
 
 Each cost is the plan's, scaled by what that option's steps (for memory, of that width) have really cost in this
 decode (core.auto.step_costs): the plan times each forward alone, and a draft-model step interleaved with the
@@ -134,7 +135,8 @@ class AutoDrafter(DrafterBase):
             options["memory"] = (expected, lat.verify_cost(size + 1) + lookup)
         if self.model is not None:
             shape = self.tree_plan.parents
-            options["tree"] = (tree_value(shape, self.tracker.vector()), lat.tree_cost(shape) + lookup)
+            value = tree_value(shape, self.tracker.vector())
+            options["tree"] = (value, lat.tree_cost(shape) + lookup + self._reading_share(tokens, value, max_depth))
         factor = {name: self.costs.factor(name, size + 1 if name == "memory" else None) for name in options}
         rate = {name: e / (c * factor[name]) for name, (e, c) in options.items()}
         choice = max(rate, key=rate.get)
@@ -168,6 +170,16 @@ class AutoDrafter(DrafterBase):
         else:
             self.note = "plain decoding: " + self._why_plain(proposal, rate, plain, factor)
         return TokenTree()
+
+    def _reading_share(self, tokens: Sequence[int], value: float, max_depth: int) -> float:
+        """What a tree step owes of the draft model's reading of the text while the model has not read it: the
+        reading's predicted seconds spread over the tree steps the answer has left at this tree's rate. On a GPU, or
+        for a long answer, next to nothing; for a long prompt read on a CPU for a short answer, the whole of it (a
+        2,277-token prompt read for a 16-token answer stalled it 15 s on a 2-core Zen 3)."""
+        if self._unread is None:
+            return 0.0
+        steps_left = max(1.0, (max_depth + 1) / max(value, 1.0))
+        return self.latencies.reading_cost(len(tokens) - 1) / steps_left
 
     def _model_tree(self, tokens: Sequence[int], max_depth: int, max_nodes: int) -> TokenTree:
         """The draft model's tree. The first of a generation has the model read the text first, untimed as the
