@@ -21,6 +21,7 @@ from pathlib import Path
 from core.bench import fast_apply
 from core.bench.modes import BenchError
 from core.bench.prompts import PROMPT_DIR
+from core.bench.run import rotated
 from core.endpoints.client import EndpointRun
 from core.sampling import SamplingParams
 
@@ -33,14 +34,13 @@ OWN_MODES = ("speclens",)
 DEFAULT_MODES = "speclens,llama-server,llama-server:ngram"
 
 
-def infill_text(target, before: str, after: str) -> str:
-    """The raw fill-in-the-middle prompt, its three tokens spelt as the model spells them; BenchError when the model
-    has none."""
+def infill_spelling(target) -> tuple[str, str, str]:
+    """The model's fill-in-the-middle tokens spelt as its raw prompts spell them; BenchError when it has none."""
     tokens = target.infill_tokens()
     if tokens is None:
         raise BenchError(f"{target.name} has no fill-in-the-middle tokens: it cannot complete at a cursor")
     pre, suf, mid = (target.special_name(t) or target.detokenize([t]) for t in tokens)
-    return f"{pre}{before}{suf}{after}{mid}"
+    return pre, suf, mid
 
 
 def read_tasks(path: Path, held_out: str) -> list[dict]:
@@ -59,20 +59,19 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
     """Every task's typing in every mode, alternated and repeated; the report (meta, modes, runs, summary)."""
     modes = parse_modes(args.modes)
     tasks = read_tasks(Path(args.prompts[0]) if args.prompts else TASKS, args.held_out)
-    infill_text(target, "", "")
+    pre, suf, mid = infill_spelling(target)
     greedy = SamplingParams(temperature=0.0)
     contestants = fast_apply.Contestants(modes, target, draft, strategy, args.llama_server, remember_answers=True)
     runs: list[dict] = []
     try:
         for repeat in range(args.repeat):
             for i, task in enumerate(tasks):
-                shift = (i + repeat) % len(modes)
-                for mode in modes[shift:] + modes[:shift]:
+                for mode in rotated(modes, i + repeat):
                     endpoint, engine = contestants.endpoint(mode)
                     before, after = task["file"].split(CURSOR)
                     for step in range(STEPS):
                         client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
-                        for _ in client.stream_text(infill_text(target, before, after), MAX_TOKENS, greedy):
+                        for _ in client.stream_text(f"{pre}{before}{suf}{after}{mid}", MAX_TOKENS, greedy):
                             pass
                         row = fast_apply.timed_row(mode, {**task, "id": f"{task['id']}@{step}"}, repeat, client)
                         runs.append({**row, "step": step})

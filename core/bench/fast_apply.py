@@ -25,7 +25,7 @@ from pathlib import Path
 from core.bench.modes import BenchError
 from core.bench.prompts import PROMPT_DIR
 from core.bench.report import geomean
-from core.bench.run import forget_prompts
+from core.bench.run import forget_prompts, rotated
 from core.endpoints.client import Endpoint, EndpointRun
 from core.endpoints.llama_server import LlamaServer
 from core.sampling import SamplingParams
@@ -229,9 +229,8 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
     try:
         for repeat in range(args.repeat):
             for i, task in enumerate(tasks):
-                shift = (i + repeat) % len(modes)
                 budget = len(target.tokenize(task["file"])) + ANSWER_ROOM
-                for mode in modes[shift:] + modes[:shift]:
+                for mode in rotated(modes, i + repeat):
                     endpoint, engine = contestants.endpoint(mode)
                     # SpecLens's own tokenizer counts both servers' chunks alike (one model, one tokenizer)
                     client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))

@@ -141,10 +141,8 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
     for repeat in range(setup.repeat):
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             start = _memory_for(setup, p, ids, before, log)
-            shift = (i + repeat) % len(modes)
-            order = modes[shift:] + modes[:shift]
             results, rows = {}, []
-            for mode in order:
+            for mode in rotated(modes, i + repeat):
                 surfaces = setup.surfaces if mode not in setup.runners else setup.surfaces[:1]
                 # the surfaces alternate too, so neither always runs on a warmer machine
                 for surface in (surfaces if i % 2 == 0 else list(reversed(surfaces))):
@@ -171,6 +169,12 @@ def run_bench(setup: BenchSetup, prompts: list[dict], encoded: list[list[int]], 
             runs += rows
     setup.memory.restore(before)
     return runs
+
+
+def rotated(modes: list[str], k: int) -> list[str]:
+    """``modes`` in the order the ``k``-th prompt runs them (the module docstring)."""
+    shift = k % len(modes)
+    return modes[shift:] + modes[:shift]
 
 
 def forget_prompts(*backends) -> None:

@@ -170,17 +170,20 @@ class EndpointRun:
                cancel: threading.Event | None = None, prediction: str | None = None) -> Iterator[StepEvent]:
         """One StepEvent per chunk that carries text; the EndpointResult is then in ``self.result``. ``cancel`` closes
         the stream (the endpoint stops generating, as a client that disconnects)."""
-        return self._recorded(self.client.chat.completions.create, {"messages": list(messages)}, max_new_tokens,
-                              sampling, cancel, prediction)
+        return self._recorded(self.client.chat.completions.create, {"messages": list(messages)},
+                              lambda choice: choice.delta.content or "" if choice.delta is not None else "",
+                              max_new_tokens, sampling, cancel, prediction)
 
     def stream_text(self, prompt: str, max_new_tokens: int, sampling: SamplingParams,
                     cancel: threading.Event | None = None) -> Iterator[StepEvent]:
         """:meth:`stream` of a text completion of the raw ``prompt`` (an editor's fill-in-the-middle prompt, its
         special tokens spelt out)."""
-        return self._recorded(self.client.completions.create, {"prompt": prompt}, max_new_tokens, sampling, cancel)
+        return self._recorded(self.client.completions.create, {"prompt": prompt}, lambda choice: choice.text or "",
+                              max_new_tokens, sampling, cancel)
 
-    def _recorded(self, create: Callable, asked: dict, max_new_tokens: int, sampling: SamplingParams,
-                  cancel: threading.Event | None, prediction: str | None = None) -> Iterator[StepEvent]:
+    def _recorded(self, create: Callable, asked: dict, piece_of: Callable[[object], str], max_new_tokens: int,
+                  sampling: SamplingParams, cancel: threading.Event | None,
+                  prediction: str | None = None) -> Iterator[StepEvent]:
         before = scrape(self.endpoint) if self.engine in (spec_stats.VLLM, spec_stats.LLAMA_CPP) else None
         t0 = time.perf_counter()
         steps: list[StepEvent] = []
@@ -209,10 +212,7 @@ class EndpointRun:
                     continue
                 choice = chunk.choices[0]
                 finish = choice.finish_reason or finish
-                if hasattr(choice, "text"):     # a text completion's chunk
-                    piece = choice.text or ""
-                else:
-                    piece = choice.delta.content or "" if choice.delta is not None else ""
+                piece = piece_of(choice)
                 if not piece:
                     continue
                 now = time.perf_counter() - t0

@@ -2,9 +2,10 @@
 
 Chat completions take ``messages`` (text content, or a list of text parts); text completions take ``prompt`` (a
 string, its special-token text read as those tokens, as llama-server and vLLM read it) and ``suffix`` (an editor's
-fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
-``n`` (1 only), ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the
-answer is expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``.
+fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take
+``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
+``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the answer is
+expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``.
 """
 from __future__ import annotations
 
