@@ -23,6 +23,7 @@ from core.backends.base import Backend, BackendError, Progress, check_fits, chec
 from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps, evaluate
 from core.backends.devices import DECODE_ADVICE, out_of_memory_as_error
 from core.backends.hf import HFBackend, cache_keyword
+from core.backends.infill import FimTokens
 from core.backends.static_cache import StepInputs, forward_into_cache
 from core.drafting import SAMPLING_MODES, ModelDrafter
 from core.sampling import Rng, SamplingParams
@@ -117,7 +118,7 @@ class EarlyExit:
     def tokenize_special(self, text: str) -> list[int]:
         return self.target.tokenize_special(text)
 
-    def infill_tokens(self) -> tuple[int, int, int] | None:
+    def infill_tokens(self) -> FimTokens | None:
         return self.target.infill_tokens()
 
     def detokenize(self, ids: Sequence[int]) -> str:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from core.backends.base import BackendError, Cancelled, ContextLengthError, ModelLoadError
+from core.backends.infill import FimTokens
 from core.backends.llamacpp import LlamaCppBackend, available_cores
 from core.divergence import compare_greedy
 from core.drafting import Baseline, Chain, Tree
@@ -263,17 +264,18 @@ def test_fill_in_the_middle_tokens_and_raw_prompts_read_alike_on_both_backends(t
     from core.backends.hf import HFBackend
     from core.tiny import tiny_model
 
-    fim = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+    fim = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>")
     path = write_tiny_gguf(tmp_path / "fim.gguf", arch="qwen2", extra_tokens=fim)
     llama = LlamaCppBackend(path, n_ctx=CONTEXT, n_threads=1)
     hf = HFBackend(tiny_model(llama.vocab_size, 0), AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name),
                    device="cpu")
     ids = [llama.tokenize_special(name) for name in fim]
-    assert all(len(i) == 1 for i in ids) and llama.infill_tokens() == tuple(i[0] for i in ids)
+    assert all(len(i) == 1 for i in ids) and llama.infill_tokens() == FimTokens(*(i[0] for i in ids))
     assert hf.infill_tokens() == llama.infill_tokens()
-    raw = "<|fim_prefix|>the thing(<|fim_suffix|>) is<|fim_middle|>"
+    raw = "<|repo_name|>p\n<|file_sep|>a.py\n<|fim_prefix|>the thing(<|fim_suffix|>) is<|fim_middle|>"
     assert hf.tokenize_special(raw) == llama.tokenize_special(raw)
-    assert [llama.special_name(t) for t in llama.tokenize_special(raw) if llama.special_name(t)] == list(fim)
+    assert [llama.special_name(t) for t in llama.tokenize_special(raw) if llama.special_name(t)] == [
+        fim[3], fim[4], *fim[:3]]
     assert not any(llama.special_name(t) for t in llama.tokenize(raw))
     assert target.infill_tokens() is None and hf.infill_tokens() is not None
 

@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Mapping, Protocol, Sequence, runtime_chec
 
 import torch
 
+from core.backends.infill import FimTokens
 from core.tree import TokenTree
 
 Progress = Callable[[int, int], None]   # (tokens done, tokens in all)
@@ -64,8 +65,8 @@ class Backend(Protocol):
         """Token ids of raw prompt text in which special-token text such as ``<|fim_prefix|>`` is that token, as
         llama-server and vLLM read a text completion's prompt."""
 
-    def infill_tokens(self) -> tuple[int, int, int] | None:
-        """The model's fill-in-the-middle (prefix, suffix, middle) tokens (core.backends.infill); None: it has none."""
+    def infill_tokens(self) -> FimTokens | None:
+        """The model's fill-in-the-middle tokens (core.backends.infill); None: it has none."""
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of a sequence of ids as a reader sees it: control tokens render as nothing."""

@@ -18,7 +18,7 @@ from core.backends.base import (BackendError, Progress, check_fits, check_tree_c
                                 prefill_chunks, reusable_prefix, tokenizer_digest)
 from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps, evaluate
 from core.backends.devices import DECODE_ADVICE, LOAD_ADVICE, check_device, out_of_memory_as_error
-from core.backends.infill import spelled
+from core.backends.infill import FimTokens, spelled
 from core.backends.static_cache import StepInputs, TreeKVCache, forward_into_cache
 from core.tree import TokenTree
 
@@ -82,7 +82,7 @@ class HFBackend:
     def tokenize_special(self, text: str) -> list[int]:
         return self._tokenize(text, split_special=False)
 
-    def infill_tokens(self) -> tuple[int, int, int] | None:
+    def infill_tokens(self) -> FimTokens | None:
         return self._infill
 
     def _tokenize(self, text: str, split_special: bool) -> list[int]:

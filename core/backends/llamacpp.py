@@ -27,6 +27,7 @@ from core.backends.base import (
     prefill_chunks, reusable_prefix, tokenizer_digest,
 )
 from core.backends.files import kind_of
+from core.backends.infill import FimTokens
 from core.backends.weight_buffers import weight_buffers
 from core.tree import TokenTree
 
@@ -248,12 +249,15 @@ class LlamaCppBackend:
     def tokenize_special(self, text: str) -> list[int]:
         return self._tokenize(text, parse_special=True)
 
-    def infill_tokens(self) -> tuple[int, int, int] | None:
+    def infill_tokens(self) -> FimTokens | None:
         # llama.cpp reads them from the GGUF, else recognises them by their spelling (core.backends.infill)
         lib = self._lib
-        ids = tuple(int(f(self._vocab)) for f in (lib.llama_vocab_fim_pre, lib.llama_vocab_fim_suf,
-                                                    lib.llama_vocab_fim_mid))
-        return ids if min(ids) >= 0 else None
+        pre, suf, mid, repo, sep = (int(f(self._vocab)) for f in (
+            lib.llama_vocab_fim_pre, lib.llama_vocab_fim_suf, lib.llama_vocab_fim_mid, lib.llama_vocab_fim_rep,
+            lib.llama_vocab_fim_sep))
+        if min(pre, suf, mid) < 0:
+            return None
+        return FimTokens(pre, suf, mid, repo if repo >= 0 else None, sep if sep >= 0 else None)
 
     def _tokenize(self, text: str, parse_special: bool) -> list[int]:
         # lone surrogates cannot be UTF-8: they become U+FFFD rather than a UnicodeEncodeError

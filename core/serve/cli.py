@@ -5,6 +5,7 @@
 
 Any OpenAI client works: ``OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="KEY or anything")``. A request's
 ``prediction`` (the text the answer is expected to repeat, e.g. the file being edited) is drafted from losslessly.
+Editor plugins made for llama-server (llama.vim, llama.vscode) complete at the cursor through its own ``/infill``.
 """
 from __future__ import annotations
 

@@ -23,8 +23,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.serve.executor import Executor
-from core.serve.job import Delta, Finished, Observer, ServedModels, run_request
+from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
+from core.serve.native import NativeReply, parse_infill
 from core.serve.request import RequestError, ServeRequest, parse
 
 log = logging.getLogger(__name__)
@@ -140,12 +141,25 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
     async def completions(request: Request):
         return await _complete(request, chat=False)
 
+    @app.post("/infill")
+    async def infill(request: Request):
+        """llama-server's own endpoint for completion at the cursor (core.serve.native); like llama-server, it serves
+        whatever model it has, whichever a request names."""
+        req, fields, ignored = parse_infill(await _json_body(request, max_body), models.target.context_length)
+        items, cancel, started = await _start(req, request)
+        return await _answer(NativeReply(req, models.name, fields, ignored, started), req, items, request, cancel)
+
     async def _complete(request: Request, chat: bool):
         body = await _json_body(request, max_body)
         req = parse(body, chat, models.target.context_length)
         if req.model and req.model != models.name:
             raise RequestError(f"The model '{req.model}' does not exist here: this server has '{models.name}' "
                                "(GET /v1/models).", 404, param="model", code="model_not_found")
+        items, cancel, _ = await _start(req, request)
+        return await _answer(_Reply(req, models.name, chat), req, items, request, cancel)
+
+    async def _start(req: ServeRequest, request: Request) -> tuple[asyncio.Queue, threading.Event, Started]:
+        """The request queued on the engine, once its prompt was accepted (its refusal raised)."""
         if queue.pending and queue.waiting >= max_queue:   # it would have to wait, and enough already do
             raise RequestError(f"{queue.waiting} requests are already waiting (--max-queue {max_queue}); try again "
                                "shortly.", 503, code="server_busy", kind="server_error", headers={"Retry-After": "5"})
@@ -155,7 +169,9 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
         first = await _next(items, request, cancel)
         if isinstance(first, _Failed):
             raise first.error
-        reply = _Reply(req, models.name, chat)
+        return items, cancel, first
+
+    async def _answer(reply, req: ServeRequest, items: asyncio.Queue, request: Request, cancel: threading.Event):
         if req.stream:
             return StreamingResponse(_stream(reply, items, request, cancel), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -198,23 +214,23 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
             if isinstance(item, _Failed):
                 raise item.error
 
-    async def _stream(reply: "_Reply", items: asyncio.Queue, request: Request,
+    async def _stream(reply: "_Reply | NativeReply", items: asyncio.Queue, request: Request,
                       cancel: threading.Event) -> AsyncIterator[str]:
         try:
-            yield reply.sse(reply.opening())
+            for chunk in reply.opening():
+                yield _sse(chunk)
             while True:
                 item = await _next(items, request, cancel)
                 if isinstance(item, Delta):
-                    yield reply.sse(reply.delta(item.text))
+                    yield _sse(reply.delta(item))
                 elif isinstance(item, Finished):
                     _record(item)
                     for chunk in reply.closing(item):
-                        yield reply.sse(chunk)
-                    yield "data: [DONE]\n\n"
+                        yield chunk if isinstance(chunk, str) else _sse(chunk)
                     return
                 elif isinstance(item, _Failed):   # after the stream began: said in-band, as OpenAI does
                     log.warning("a streamed request failed: %s", item.error)
-                    yield reply.sse(RequestError(f"generation failed: {item.error}", 500, kind="server_error").body())
+                    yield _sse(RequestError(f"generation failed: {item.error}", 500, kind="server_error").body())
                     return
         except _ClientGone:
             return
@@ -273,23 +289,24 @@ class _Reply:
             out["usage"] = None
         return out
 
-    def opening(self) -> dict:
-        return self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None} if self.chat
-                           else {"text": "", "finish_reason": None})
+    def opening(self) -> list[dict]:
+        return [self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None} if self.chat
+                            else {"text": "", "finish_reason": None})]
 
-    def delta(self, text: str) -> dict:
-        return self._chunk({"delta": {"content": text}, "finish_reason": None} if self.chat
-                           else {"text": text, "finish_reason": None})
+    def delta(self, delta: Delta) -> dict:
+        return self._chunk({"delta": {"content": delta.text}, "finish_reason": None} if self.chat
+                           else {"text": delta.text, "finish_reason": None})
 
-    def closing(self, finished: Finished) -> list[dict]:
-        """The finish chunk, then the usage chunk when asked; llama-server's timings ride on the last one."""
+    def closing(self, finished: Finished) -> list:
+        """The finish chunk, then the usage chunk when asked (llama-server's timings ride on the last one), then the
+        end of the stream."""
         last = self._chunk({"delta": {}, "finish_reason": finished.finish_reason} if self.chat
                            else {"text": "", "finish_reason": finished.finish_reason})
         chunks = [last]
         if self.req.include_usage:
             chunks.append({**self._head(last["object"]), "choices": [], "usage": finished.usage})
         chunks[-1]["timings"] = finished.timings
-        return chunks
+        return [*chunks, "data: [DONE]\n\n"]
 
     def whole(self, items: list) -> dict:
         finished = items[-1]
@@ -299,6 +316,6 @@ class _Reply:
                 "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": finished.finish_reason}],
                 "usage": finished.usage, "timings": finished.timings}
 
-    @staticmethod
-    def sse(payload: dict) -> str:
-        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from core.auto import attach_memory
-from core.backends.base import reusable_prefix
-from core.backends.infill import infill_prompt
+from core.backends.base import Cancelled, reusable_prefix
+from core.backends.infill import infill_prompt, repo_prompt
 from core.engine import SpeculativeEngine
-from core.events import GenerationResult, StepEvent, StopReason
+from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
 from core.memory import SuffixMemory
 from core.sampling import Rng
+from core.serve.native import budget
 from core.serve.request import RequestError, ServeRequest
-from core.serve.stops import StopText
+from core.serve.stops import WORD, StopText
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Started:
 @dataclass(frozen=True)
 class Delta:
     text: str
+    tokens: int = 0             # tokens decoded so far
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class Finished:
     usage: dict
     timings: dict
     result: GenerationResult
+    stop_type: str = "eos"      # llama-server's: "eos", "word" (a stop sequence), "limit", "none" (cancelled)
+    stopping_word: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,19 @@ class ServedModels:
         """RequestError when the request fills in the middle and the model has no tokens to do it with."""
         if request.chat:
             return self.target.apply_chat_template(list(request.messages))
-        if request.suffix is None:
+        if request.suffix is None and request.infill is None:
             return self.target.tokenize_special(request.prompt)
         tokens = self.target.infill_tokens()
         if tokens is None:
+            if request.infill is not None:
+                raise RequestError(f"{self.name} has no fill-in-the-middle tokens: it cannot complete at a cursor "
+                                   "(serve a code model, e.g. Qwen2.5-Coder)", 501, kind="not_supported_error")
             raise RequestError(f"{self.name} has no fill-in-the-middle tokens: it cannot complete between a prompt "
                                "and a 'suffix'", param="suffix")
+        if request.infill is not None:
+            infill = request.infill
+            return repo_prompt(tokens, self.target.tokenize, infill.prefix, infill.suffix, infill.typed, infill.extra,
+                               budget(self.target.context_length, request.max_tokens))
         return infill_prompt(tokens, self.target.tokenize(request.prompt), self.target.tokenize(request.suffix))
 
 
@@ -123,18 +134,22 @@ def _limits(models: ServedModels, request: ServeRequest, prompt: list[int]) -> i
         raise RequestError(f"This model's maximum context length is {context} tokens: the {where} has {len(prompt)} "
                            f"tokens, so at most {room} can be generated, not {request.max_tokens}.",
                            param="max_tokens", code="context_length_exceeded")
-    return request.max_tokens or room
+    return room if request.max_tokens is None else request.max_tokens
 
 
 def _timings(result: GenerationResult) -> dict:
     """llama-server's timing names (with ``draft_n_verif_steps``, the steps that verified a draft)."""
     s = result.stats
     first = s.time_to_first_token or s.seconds
-    return {"prompt_n": s.prompt_tokens - s.cached_tokens, "prompt_ms": 1000 * first, "cache_n": s.cached_tokens,
-            "predicted_n": s.new_tokens, "predicted_ms": 1000 * (s.seconds - first),
+    read, decoded = s.prompt_tokens - s.cached_tokens, s.seconds - first
+    return {"prompt_n": read, "prompt_ms": 1000 * first, "cache_n": s.cached_tokens,
+            "prompt_per_token_ms": 1000 * first / read if read else 0.0,
+            "prompt_per_second": read / first if first > 0 else 0.0,
+            "predicted_n": s.new_tokens, "predicted_ms": 1000 * decoded,
             # as llama-server: the first token comes with the prompt, the rest in the decode time (0 when there is none),
             # and what a first step drafted came with it (GenerationStats.tokens_per_second)
-            "predicted_per_second": s.tokens_per_second if s.seconds > first else 0.0,
+            "predicted_per_second": s.tokens_per_second if decoded > 0 else 0.0,
+            "predicted_per_token_ms": 1000 / s.tokens_per_second if decoded > 0 and s.tokens_per_second else 0.0,
             "draft_n": s.drafted, "draft_n_accepted": s.accepted,
             "draft_n_verif_steps": sum(1 for step in result.steps if step.nodes)}
 
@@ -158,6 +173,9 @@ def run_request(models: ServedModels, request: ServeRequest, push: Callable[[obj
     target = models.target
     prompt = models.prompt_ids(request)
     max_new = _limits(models, request, prompt)
+    if max_new == 0:
+        _read_only(target, prompt, push, cancel)
+        return
     prediction = target.tokenize(request.prediction) if request.prediction else None
     memory = models.memory
     before = memory.snapshot() if models.remember_answers else models._empty
@@ -169,7 +187,7 @@ def run_request(models: ServedModels, request: ServeRequest, push: Callable[[obj
     push(Started(len(prompt), reusable_prefix(target.committed, prompt[:-1]) if len(prompt) > 1 else 0))
     if observer is not None:
         observer.started(client, request, models.strategy.label)
-    stops = StopText(request.stop)
+    stops = StopText(request.stop, request.min_indent, request.newline_after_s)
     started_at = time.time()
     steps = engine.stream(prompt, max_new, cancel)
     try:
@@ -178,7 +196,7 @@ def run_request(models: ServedModels, request: ServeRequest, push: Callable[[obj
                 observer.step(event)
             out = stops.push(event.text)
             if out:
-                push(Delta(out))
+                push(Delta(out, event.stats.new_tokens))
             if stops.stopped:
                 break
     finally:
@@ -190,14 +208,37 @@ def run_request(models: ServedModels, request: ServeRequest, push: Callable[[obj
         memory.add_answer(prompt, result.tokens, result.token_probs, engine.sampling.distribution_key)
     tail = stops.flush()
     if tail:
-        push(Delta(tail))
-    if stops.stopped or result.stop_reason == StopReason.EOS:
-        reason = "stop"
+        push(Delta(tail, result.stats.new_tokens))
+    if stops.stopped:
+        reason, stop_type = "stop" if stops.reason == WORD else "length", stops.reason
+    elif result.stop_reason == StopReason.EOS:
+        reason, stop_type = "stop", "eos"
     elif result.stop_reason == StopReason.CANCELLED:
-        reason = "cancelled"
+        reason, stop_type = "cancelled", "none"
     else:
-        reason = "length"
-    finished = Finished(reason, stops.text, _usage(result, prediction), _timings(result), result)
+        reason, stop_type = "length", "limit"
+    finished = Finished(reason, stops.text, _usage(result, prediction), _timings(result), result, stop_type,
+                        stops.stopping_word)
     push(finished)
     if observer is not None:
         observer.finished(ServedRecord(client, request, tuple(prompt), finished, started_at))
+
+
+def _read_only(target, prompt: list[int], push: Callable[[object], None], cancel: threading.Event) -> None:
+    """A request for no tokens: its prompt is read into the cache (all but the last token, as a generation would),
+    so that the next request sharing its beginning starts from there; nothing is decoded, drafted or remembered."""
+    cached = reusable_prefix(target.committed, prompt[:-1]) if len(prompt) > 1 else 0
+    push(Started(len(prompt), cached))
+    t0 = time.perf_counter()
+    stop = StopReason.MAX_TOKENS
+    try:
+        if len(prompt) > 1:
+            target.prefill(prompt[:-1], cancel=cancel)
+    except Cancelled:
+        stop = StopReason.CANCELLED
+    seconds = time.perf_counter() - t0
+    result = GenerationResult((), "", (), GenerationStats(seconds=seconds, prefill_seconds=seconds,
+                                                          prompt_tokens=len(prompt), cached_tokens=cached), stop)
+    cancelled = stop == StopReason.CANCELLED
+    push(Finished("cancelled" if cancelled else "length", "", _usage(result, None), _timings(result), result,
+                  "none" if cancelled else "limit"))

@@ -33,6 +33,18 @@ class RequestError(Exception):
 
 
 @dataclass(frozen=True)
+class Infill:
+    """A completion at an editor's cursor as llama-server's ``/infill`` takes it: the text before the cursor's line
+    (``prefix``), that line up to the cursor (``typed``), the text after the cursor (``suffix``), and other files the
+    editor thinks relevant (``extra``: (filename, text))."""
+
+    prefix: str
+    suffix: str
+    typed: str = ""
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class ServeRequest:
     """One generation asked over HTTP: messages (chat) or a prompt (text completion), how to sample, when to stop."""
 
@@ -46,6 +58,9 @@ class ServeRequest:
     include_usage: bool
     prediction: str | None
     suffix: str | None = None       # a text completion that fills in the middle (core.backends.infill)
+    infill: Infill | None = None    # llama-server's /infill (core.serve.native); max_tokens 0 only reads the prompt
+    min_indent: int = 0             # core.serve.stops.StopText's rules
+    newline_after_s: float | None = None
 
     @property
     def chat(self) -> bool:
@@ -55,10 +70,12 @@ class ServeRequest:
     def text(self) -> str:
         """A text completion as a reader sees it: the prompt, and where the middle is filled in, a mark for it and
         the suffix."""
+        if self.infill is not None:
+            return f"{self.infill.prefix}{self.infill.typed}{MIDDLE_MARK}{self.infill.suffix}"
         return self.prompt if self.suffix is None else f"{self.prompt}{MIDDLE_MARK}{self.suffix}"
 
 
-def _number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
+def number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
     value = body.get(name, default)
     if value is None:
         return default
@@ -98,13 +115,13 @@ def _messages(body: dict) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _stop(body: dict) -> tuple[str, ...]:
+def stop_sequences(body: dict, limit: int = MAX_STOPS) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
-        raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOPS}", param="stop")
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > limit:
+        raise RequestError(f"'stop' must be a non-empty string or a list of up to {limit}", param="stop")
     return tuple(stops)
 
 
@@ -124,17 +141,17 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
     model = body.get("model", "")
     if not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model")
-    if _number(body, "n", 1, 1, 128, integer=True) != 1:
+    if number(body, "n", 1, 1, 128, integer=True) != 1:
         raise RequestError("only n=1 is supported: one engine decodes one answer at a time", param="n")
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _number({name: limit}, name, None, 1, context_length, integer=True)
-    min_tokens = _number(body, "min_tokens", 0, 0, context_length, integer=True)
+    max_tokens = number({name: limit}, name, None, 1, context_length, integer=True)
+    min_tokens = number(body, "min_tokens", 0, 0, context_length, integer=True)
     if body.get("ignore_eos") is True:
         min_tokens = max_tokens or context_length
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    seed = _number(body, "seed", None, 0, 2**63 - 1, integer=True)
+    temperature = number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number(body, "top_p", 1.0, 0.0, 1.0)
+    seed = number(body, "seed", None, 0, 2**63 - 1, integer=True)
     try:
         sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p) if top_p > 0 else 1e-9,
                                   seed=seed, min_tokens=min_tokens)
@@ -159,5 +176,5 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
         if not isinstance(prompt, str) or not (prompt or suffix):
             raise RequestError("'prompt' must be a non-empty string", param="prompt")
         messages = None
-    return ServeRequest(model, messages, prompt, max_tokens, sampling, _stop(body), stream,
+    return ServeRequest(model, messages, prompt, max_tokens, sampling, stop_sequences(body), stream,
                         bool(options.get("include_usage", False)), _prediction(body), None if chat else suffix)
