@@ -147,7 +147,8 @@ FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
 
 @pytest.mark.llama_server
-def test_completion_at_the_cursor_types_along_every_server_from_a_cold_start(binary, tmp_path):
+@pytest.mark.parametrize("api", ["completions", "infill"])
+def test_completion_at_the_cursor_types_along_every_server_from_a_cold_start(binary, tmp_path, api):
     from core.bench import cursor
 
     target = write_tiny_gguf(tmp_path / "target.gguf", seed=0, context=512, extra_tokens=FIM)
@@ -157,8 +158,9 @@ def test_completion_at_the_cursor_types_along_every_server_from_a_cold_start(bin
                                          "held_out": held}) + "\n" for name, held in (("t1", False), ("t2", True))))
     out = tmp_path / "cursor.json"
     assert bench.main(["--surface", "cursor", "--target", str(target), "--draft", str(draft), "--prompts", str(tasks),
-                       "--modes", "speclens,llama-server:ngram", "--repeat", "2", "--json", str(out)]) == 0
+                       "--modes", "speclens,llama-server:ngram", "--repeat", "2", "--api", api, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
+    assert report["api"] == api
     runs = report["runs"]
     assert len(runs) == 2 * 2 * 3 * cursor.STEPS and {r["step"] for r in runs} == set(range(cursor.STEPS))
     # every task starts cold on every server: nothing cached from the task or the mode before
@@ -191,3 +193,32 @@ def test_the_best_llama_server_configuration_is_the_one_fastest_over_plain():
 def test_the_bench_refuses_llama_server_modes_off_llama_cpp(capsys):
     assert bench.main(["--pair", "tiny", "--modes", "llama-server"]) == 2
     assert "llama.cpp backend" in capsys.readouterr().err
+
+
+@pytest.mark.llama_server
+def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path):
+    """The same /infill request to both servers on the same file reads the same number of prompt tokens: the other
+    files, the project and file names, the typed line after the prefix, in llama-server's order. (The context is
+    one where llama-server's cut keeps the other files: in one under twice its batch it drops them all, where
+    SpecLens keeps what fits.)"""
+    import httpx
+
+    from core.backends.llamacpp import LlamaCppBackend
+    from core.memory import Memory
+    from core.serve.job import ServedModels
+    from tests.served import serving
+
+    names = (*FIM, "<|repo_name|>", "<|file_sep|>")
+    path = write_tiny_gguf(tmp_path / "fim.gguf", seed=0, context=4096, extra_tokens=names)
+    requests = [{"input_prefix": "def f(x):\n", "prompt": "    return ", "input_suffix": "\n\nprint(f(2))\n"},
+                {"input_prefix": "", "prompt": "", "input_suffix": "",
+                 "input_extra": [{"filename": "a.py", "text": "A = 1\n"}, {"text": "B = 2\n"}]},
+                {"input_prefix": "x = 1\n", "input_suffix": "", "input_extra": [{"filename": "b.py", "text": "y\n"}]}]
+    target = LlamaCppBackend(path, n_ctx=4096, n_threads=1)
+    read = {}
+    with serving(ServedModels(target, None, Memory(8, 8), "fim")) as (url, _), \
+            LlamaServer(path, threads=1, context=4096) as server:
+        for name, root in (("speclens", url), ("llama-server", server.url)):
+            read[name] = [httpx.post(f"{root}/infill", json={**body, "n_predict": 0, "temperature": 0},
+                                     timeout=60).json()["tokens_evaluated"] for body in requests]
+    assert read["speclens"] == read["llama-server"]

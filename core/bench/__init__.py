@@ -62,6 +62,9 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     parser.add_argument("--held-out", default="all", choices=("all", "only", "exclude"),
                         help="with --surface server or cursor: all tasks, only the held-out half, or only the tuning "
                         "half")
+    parser.add_argument("--api", default="completions", choices=cursor.APIS,
+                        help="with --surface cursor: OpenAI's /v1/completions with the model's fill-in-the-middle "
+                        "prompt (default), or llama-server's own /infill, as the editor plugins for local models ask")
     parser.add_argument("--json", dest="out", default=None, help="write the JSON here (and the table next to it, .md)")
     parser.add_argument("--ballast-gb", type=float, default=0.0, metavar="GB",
                         help="touch and hold this much memory before any model loads, so that every engine's weights "

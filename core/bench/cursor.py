@@ -9,6 +9,10 @@ mostly repeat the suggestion before, shifted by what was typed: SpecLens's serve
 (emptied before every task), and llama-server's n-gram speculation sees the tokens of the requests before (restarted
 before every task).
 
+``--api infill`` asks llama-server's own ``/infill`` instead, as the editor plugins for local models do (llama.vim,
+llama.vscode): the text before the cursor's line, that line up to the cursor and the text after it, each server
+building its own prompt (core.serve.native on SpecLens's).
+
 Modes: ``speclens`` (Auto) and llama-server's configurations (core.bench.fast_apply), alternated task by task and
 repeated, greedy. Each request is a row (``task@step``); each mode is reported over llama-server plain as fast apply
 reports, and apart for the first requests and for the typing ones.
@@ -32,6 +36,8 @@ TYPED = 12          # characters of a suggestion the user types before the edito
 MAX_TOKENS = 48     # a suggestion's length at most, as editors ask for a few lines
 OWN_MODES = ("speclens",)
 DEFAULT_MODES = "speclens,llama-server,llama-server:ngram"
+APIS = ("completions", "infill")
+GREEDY = SamplingParams(temperature=0.0)
 
 
 def infill_spelling(target) -> tuple[str, str, str]:
@@ -39,7 +45,8 @@ def infill_spelling(target) -> tuple[str, str, str]:
     tokens = target.infill_tokens()
     if tokens is None:
         raise BenchError(f"{target.name} has no fill-in-the-middle tokens: it cannot complete at a cursor")
-    pre, suf, mid = (target.special_name(t) or target.detokenize([t]) for t in tokens)
+    pre, suf, mid = (target.special_name(t) or target.detokenize([t]) for t in (tokens.prefix, tokens.suffix,
+                                                                                  tokens.middle))
     return pre, suf, mid
 
 
@@ -60,7 +67,14 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
     modes = parse_modes(args.modes)
     tasks = read_tasks(Path(args.prompts[0]) if args.prompts else TASKS, args.held_out)
     pre, suf, mid = infill_spelling(target)
-    greedy = SamplingParams(temperature=0.0)
+    if args.api == "infill":
+        def ask(client: EndpointRun, before: str, after: str):
+            line = before.rfind("\n") + 1
+            return client.stream_infill({"input_prefix": before[:line], "prompt": before[line:], "input_suffix": after},
+                                        MAX_TOKENS, GREEDY)
+    else:
+        def ask(client: EndpointRun, before: str, after: str):
+            return client.stream_text(f"{pre}{before}{suf}{after}{mid}", MAX_TOKENS, GREEDY)
     contestants = fast_apply.Contestants(modes, target, draft, strategy, args.llama_server, remember_answers=True)
     runs: list[dict] = []
     try:
@@ -71,7 +85,7 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
                     before, after = task["file"].split(CURSOR)
                     for step in range(STEPS):
                         client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
-                        for _ in client.stream_text(f"{pre}{before}{suf}{after}{mid}", MAX_TOKENS, greedy):
+                        for _ in ask(client, before, after):
                             pass
                         row = fast_apply.timed_row(mode, {**task, "id": f"{task['id']}@{step}"}, repeat, client)
                         runs.append({**row, "step": step})
@@ -80,13 +94,14 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
                             f"tokens, {row['decode_tokens_per_s']:.1f} tok/s, {row['seconds_to_answer']:.2f} s")
     finally:
         contestants.close()
-    return {"modes": modes, "runs": runs, "summary": fast_apply.summarise(runs, modes),
+    return {"modes": modes, "api": args.api, "runs": runs, "summary": fast_apply.summarise(runs, modes),
             "first": fast_apply.summarise([r for r in runs if r["step"] == 0], modes),
             "typing": fast_apply.summarise([r for r in runs if r["step"] > 0], modes)}
 
 
 def markdown(report: dict) -> str:
-    lines = [fast_apply.markdown(report, "Completion at the cursor over HTTP"), "",
+    where = "/infill" if report.get("api") == "infill" else "/v1/completions"
+    lines = [fast_apply.markdown(report, f"Completion at the cursor over HTTP ({where})"), "",
              "| requests | " + " | ".join(f"{m} tok/s" for m in report["modes"]) + " | "
              + " | ".join(f"{m} s" for m in report["modes"]) + " |",
              "|---|" + "---:|" * (2 * len(report["modes"]))]

@@ -9,6 +9,7 @@ runs both sides on the same model), else one per chunk, and the total is correct
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -170,20 +171,53 @@ class EndpointRun:
                cancel: threading.Event | None = None, prediction: str | None = None) -> Iterator[StepEvent]:
         """One StepEvent per chunk that carries text; the EndpointResult is then in ``self.result``. ``cancel`` closes
         the stream (the endpoint stops generating, as a client that disconnects)."""
-        return self._recorded(self.client.chat.completions.create, {"messages": list(messages)},
-                              lambda choice: choice.delta.content or "" if choice.delta is not None else "",
-                              max_new_tokens, sampling, cancel, prediction)
+        chunks = self._create(self.client.chat.completions.create, {"messages": list(messages)}, max_new_tokens,
+                              sampling, prediction)
+        return self._recorded(_openai_pieces(chunks, lambda c: c.delta.content or "" if c.delta is not None else ""),
+                              sampling, cancel)
 
     def stream_text(self, prompt: str, max_new_tokens: int, sampling: SamplingParams,
                     cancel: threading.Event | None = None) -> Iterator[StepEvent]:
         """:meth:`stream` of a text completion of the raw ``prompt`` (an editor's fill-in-the-middle prompt, its
         special tokens spelt out)."""
-        return self._recorded(self.client.completions.create, {"prompt": prompt}, lambda choice: choice.text or "",
-                              max_new_tokens, sampling, cancel)
+        chunks = self._create(self.client.completions.create, {"prompt": prompt}, max_new_tokens, sampling)
+        return self._recorded(_openai_pieces(chunks, lambda c: c.text or ""), sampling, cancel)
 
-    def _recorded(self, create: Callable, asked: dict, piece_of: Callable[[object], str], max_new_tokens: int,
-                  sampling: SamplingParams, cancel: threading.Event | None,
-                  prediction: str | None = None) -> Iterator[StepEvent]:
+    def stream_infill(self, body: dict, max_new_tokens: int, sampling: SamplingParams,
+                      cancel: threading.Event | None = None) -> Iterator[StepEvent]:
+        """:meth:`stream` of a completion at the cursor from llama-server's own ``/infill`` (``body``: its
+        ``input_prefix``, ``prompt``, ``input_suffix``, ``input_extra``), as editor plugins ask for it."""
+        asked = {**body, "n_predict": max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
+                 "top_p": sampling.top_p, "samplers": ["temperature", "top_k", "top_p"], "stream": True,
+                 "seed": sampling.seed if sampling.seed is not None else -1}
+        headers = {"Authorization": f"Bearer {self.endpoint.api_key}"} if self.endpoint.api_key else {}
+        http = httpx.Client(timeout=TIMEOUT_S)
+        try:
+            response = http.send(http.build_request("POST", f"{self.endpoint.root}/infill", json=asked,
+                                                    headers=headers), stream=True)
+        except httpx.HTTPError as exc:
+            http.close()
+            raise _explain(exc, self.endpoint) from None
+        if response.status_code != 200:
+            message = response.read().decode("utf-8", errors="replace")[:500]
+            http.close()
+            raise EndpointError(f"{self.endpoint.root}/infill answered HTTP {response.status_code}: {message}")
+        return self._recorded(_native_pieces(http, response), sampling, cancel)
+
+    def _create(self, create: Callable, asked: dict, max_new_tokens: int, sampling: SamplingParams,
+                prediction: str | None = None):
+        try:
+            return create(
+                model=self.endpoint.model, **asked, max_tokens=max_new_tokens,
+                temperature=sampling.temperature, top_p=sampling.top_p,
+                seed=sampling.seed if sampling.seed is not None else openai.NOT_GIVEN, stream=True,
+                stream_options={"include_usage": True},
+                extra_body=_extra_body(self.engine, sampling, max_new_tokens, prediction))
+        except openai.OpenAIError as exc:
+            raise _explain(exc, self.endpoint) from None
+
+    def _recorded(self, pieces: Iterator["_Piece"], sampling: SamplingParams,
+                  cancel: threading.Event | None) -> Iterator[StepEvent]:
         before = scrape(self.endpoint) if self.engine in (spec_stats.VLLM, spec_stats.LLAMA_CPP) else None
         t0 = time.perf_counter()
         steps: list[StepEvent] = []
@@ -191,51 +225,38 @@ class EndpointRun:
         text: list[str] = []
         last: dict = {}
         finish = ""
-        usage = None
+        completion = None
         try:
-            chunks = create(
-                model=self.endpoint.model, **asked, max_tokens=max_new_tokens,
-                temperature=sampling.temperature, top_p=sampling.top_p,
-                seed=sampling.seed if sampling.seed is not None else openai.NOT_GIVEN, stream=True,
-                stream_options={"include_usage": True}, extra_body=_extra_body(self.engine, sampling, max_new_tokens, prediction))
-        except openai.OpenAIError as exc:
-            raise _explain(exc, self.endpoint) from None
-        try:
-            for chunk in chunks:
+            for piece in pieces:
                 if cancel is not None and cancel.is_set():
-                    chunks.close()
+                    pieces.close()
                     finish = "cancelled"
                     break
-                last = chunk.model_dump()
-                usage = chunk.usage or usage
-                if not chunk.choices:
-                    continue
-                choice = chunk.choices[0]
-                finish = choice.finish_reason or finish
-                piece = piece_of(choice)
-                if not piece:
+                last = piece.payload
+                completion = piece.completion_tokens if piece.completion_tokens is not None else completion
+                finish = piece.finish or finish
+                if not piece.text:
                     continue
                 now = time.perf_counter() - t0
-                n = max(1, self.count_tokens(piece))
+                n = max(1, self.count_tokens(piece.text))
                 first = stats.time_to_first_token is None
                 stats = replace(stats, new_tokens=stats.new_tokens + n, seconds=now, target_calls=stats.target_calls + 1,
                                 time_to_first_token=now if first else stats.time_to_first_token,
                                 first_tokens=n if first else stats.first_tokens)
                 start = sum(len(t) for t in text)
-                text.append(piece)
+                text.append(piece.text)
                 steps.append(StepEvent(
                     step=len(steps), nodes=(), accepted_path=(), tokens=(), origins=(Origin.CORRECTION,),
-                    token_texts=(piece,), specials=("",), text=piece, spans=((start, start + len(piece)),),
+                    token_texts=(piece.text,), specials=("",), text=piece.text, spans=((start, start + len(piece.text)),),
                     margins=(), draft_seconds=0.0, verify_seconds=0.0, timestamp=now, stats=stats,
                     strategy=self.endpoint.label, greedy=sampling.greedy))
                 yield steps[-1]
-        except (openai.OpenAIError, httpx.HTTPError) as exc:
+        except (openai.OpenAIError, httpx.HTTPError, ValueError) as exc:
             raise EndpointError(f"the stream from {self.endpoint.root} broke off after {len(steps)} chunks "
                                 f"({type(exc).__name__}: {exc}); the text so far is kept") from None
         if not finish:
             raise EndpointError(f"the stream from {self.endpoint.root} ended without saying why (no finish_reason) "
                                 f"after {len(steps)} chunks; the text so far is kept")
-        completion = getattr(usage, "completion_tokens", None)
         if completion is not None and steps:
             stats = replace(stats, new_tokens=completion)
         reported = spec_stats.from_response(self.engine, last, completion)
@@ -253,3 +274,42 @@ class EndpointRun:
         result = GenerationResult(tokens, answer, tuple(steps), stats, stop)
         self.result = EndpointResult(result, reported, self.engine, finish, last.get("usage") or {},
                                      last.get("timings") or {})
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One streamed chunk as the recording reads it, whichever API sent it."""
+
+    text: str
+    finish: str                    # OpenAI's finish_reason, "" until the end
+    completion_tokens: int | None  # the engine's own count, where the chunk gives it
+    payload: dict                  # the chunk itself (the last one carries the engine's timings or usage)
+
+
+def _openai_pieces(chunks, piece_of: Callable[[object], str]) -> Iterator[_Piece]:
+    """OpenAI's chunks; ``piece_of`` says where a choice of this kind of completion puts its text."""
+    try:
+        for chunk in chunks:
+            usage = getattr(chunk.usage, "completion_tokens", None) if chunk.usage else None
+            choice = chunk.choices[0] if chunk.choices else None
+            yield _Piece(piece_of(choice) if choice is not None else "",
+                         (choice.finish_reason or "") if choice is not None else "", usage, chunk.model_dump())
+    finally:
+        chunks.close()
+
+
+def _native_pieces(http: httpx.Client, response: httpx.Response) -> Iterator[_Piece]:
+    """llama-server's own stream: ``data:`` lines of ``content``, the last with ``stop`` and its ``stop_type``."""
+    try:
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if "error" in chunk:
+                raise ValueError(chunk["error"].get("message", chunk["error"]))
+            done = chunk.get("stop") is True
+            finish = ("stop" if chunk.get("stop_type") in ("eos", "word") else "length") if done else ""
+            yield _Piece(chunk.get("content", ""), finish, chunk.get("tokens_predicted") if done else None, chunk)
+    finally:
+        response.close()
+        http.close()
