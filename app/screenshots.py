@@ -148,6 +148,7 @@ SCENES: dict[str, Callable[[SceneContext], object]] = {
     "planner": _viz_scene("planner"),
     "learn": _viz_scene("learn"),
     "serve": _viz_scene("serve"),
+    "serve-infill": _viz_scene("serve_infill"),
     "race-endpoint": _viz_scene("race_endpoint"),
 }
 

@@ -8,6 +8,7 @@ replaced answer's late output never touches the current one.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -76,6 +77,14 @@ class _Answer:
     prompt: tuple[int, ...] = ()
     stopped: bool = False
     engine_report: str = ""    # an endpoint's own account of its speculation
+
+
+def as_code(text: str) -> str:
+    """A text completion's raw prompt (code, most often) as a message shows it: a code block, its lines kept, fenced
+    by more backticks than it holds in a row."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
 
 
 class ChatSession(QObject):
@@ -213,16 +222,21 @@ class ChatSession(QObject):
             self.status.emit(BUSY_REASON)
             return False
         req, finished = record.request, record.finished
-        messages = list(req.messages) if req.chat else [{"role": "user", "content": req.text}]
+        messages = list(req.messages) if req.chat else [{"role": "user", "content": as_code(req.text)}]
         turns = [m for m in messages if m["role"] in ("user", "assistant")] or [{"role": "user", "content": ""}]
-        first = (turns[-1]["content"].strip().splitlines() or [""])[0]
+        first = ((turns[-1]["content"] if req.chat else req.text).strip().splitlines() or [""])[0]
         self._unsaved -= 1
         conv = Conversation(self._unsaved, storable(f"Served: {first[:TITLE_CHARS]}"),
                             storable("\n".join(m["content"] for m in messages if m["role"] == "system")))
         conv.messages = [Message(m["role"], storable(m["content"])) for m in turns]
         result = finished.result
         origins = "".join(origin_codes(step, 0, len(step.text)) for step in result.steps)[:len(finished.text)]
-        conv.messages.append(Message("assistant", storable(finished.text), origins.ljust(len(finished.text)),
+        answer, origins = finished.text, origins.ljust(len(finished.text))
+        if not req.chat:    # the completion of code is code too; its origins move with it into the block
+            answer = as_code(finished.text)
+            start = answer.index("\n") + 1
+            origins = " " * start + origins + " " * (len(answer) - start - len(origins))
+        conv.messages.append(Message("assistant", storable(answer), origins,
                                      stats_record(result.stats, result.steps[-1].strategy if result.steps else "",
                                                   result.stop_reason)))
         self.conv, self._unkept = conv, conv

@@ -10,7 +10,9 @@ from dataclasses import replace
 import openai
 import pytest
 
+from app.chat.origins import origin_codes
 from app.main import HISTORY_FILE
+from app.session import as_code
 from core.endpoints.llama_server import free_port
 
 TIMEOUT = 60_000
@@ -85,3 +87,27 @@ def test_a_port_in_use_is_refused_with_the_reason(make_window, qtbot):
             window.serve_action.trigger()
     assert not window.serve.running and not window.serve_action.isChecked()
     assert "Cannot serve on port" in shown.args[1]
+
+
+def test_a_served_text_completion_opens_as_code_its_lines_kept(serving_window, qtbot):
+    window = serving_window
+    prompt = "def f(x):\n    ``` not a fence\n    return "
+    url = window.serve.host.url
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(client.completions.create, model=client.models.list().data[0].id, prompt=prompt,
+                            max_tokens=4, temperature=0)
+        qtbot.waitUntil(reply.done, timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: window.served_list.list.count() == 1, timeout=TIMEOUT)
+    window.served_list.open_requested.emit(window.serve.host.monitor.records[-1])
+    asked = window.session.conv.messages[0].content
+    assert asked == f"````\n{prompt}\n````"                   # a longer fence than the backticks it holds
+    assert window.session.conv.title == "Served: def f(x):"
+    answer = window.session.conv.messages[-1]
+    text = window.serve.host.monitor.records[-1].finished.text
+    start = answer.content.index("\n") + 1
+    assert answer.content == as_code(text) and answer.content[start:start + len(text)] == text
+    steps = window.serve.host.monitor.records[-1].finished.result.steps
+    codes = "".join(origin_codes(step, 0, len(step.text)) for step in steps)[:len(text)].ljust(len(text))
+    assert len(answer.origins) == len(answer.content) and not answer.origins[:start].strip()
+    assert answer.origins[start:start + len(text)] == codes                  # the origins moved with the text

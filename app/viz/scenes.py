@@ -184,9 +184,34 @@ def _edit_request(ctx, window) -> None:
     ctx.wait_until(lambda: bool(done) and window.served_list.list.count() > 0, "the served request")
 
 
-def scene_serve(ctx) -> QWidget:
-    """The window serving an editor: a fast-apply request with its prediction, decoded live on the chat's models,
-    in the Served list, the status bar saying where SpecLens listens."""
+def _infill_requests(ctx, window) -> None:
+    """An editor plugin's completions at the cursor through llama-server's /infill, as llama.vim asks: the first,
+    then another once the user has typed the start of the suggestion (drafted from the answer before)."""
+    import threading
+
+    import httpx
+
+    code = EDIT_PROMPT.split("```python\n", 1)[1].split("```", 1)[0]
+    loop = "    while i < len(left) and j < len(right):\n"
+    before, body = code.split(loop)
+    after = body[body.index("    result.extend"):]      # the loop's body is the gap, its indentation typed
+    done: list = []
+
+    def ask() -> None:
+        typed = "        "
+        for _ in range(2):
+            done.append(httpx.post(f"{window.serve.host.url.removesuffix('/v1')}/infill", timeout=600, json={
+                "input_prefix": before + loop, "prompt": typed, "input_suffix": after, "n_predict": 64,
+                "temperature": 0, "n_indent": 8}).json())
+            typed += done[-1]["content"][:12]
+
+    threading.Thread(target=ask, daemon=True).start()
+    ctx.wait_until(lambda: len(done) == 2 and window.served_list.list.count() > 1, "the served completions")
+
+
+def _serving(ctx, ask) -> QWidget:
+    """The window serving an editor's requests (``ask``), decoded live on the chat's models, the last one opened
+    from the Served list, the status bar saying where SpecLens listens."""
     from core.endpoints.llama_server import free_port
 
     window = ctx.window()
@@ -195,10 +220,20 @@ def scene_serve(ctx) -> QWidget:
     window.serve_action.trigger()
     if not window.serve.running:
         raise ValueError("Serve did not start")
-    _edit_request(ctx, window)
+    ask(ctx, window)
     window.served_list.list.setCurrentRow(0)
     window.open_served(window.serve.host.monitor.records[-1])   # as a click on it does
     return window
+
+
+def scene_serve(ctx) -> QWidget:
+    """A fast-apply request with its prediction."""
+    return _serving(ctx, _edit_request)
+
+
+def scene_serve_infill(ctx) -> QWidget:
+    """Completion at the cursor through /infill (the default pair: the tiny one has no fill-in-the-middle tokens)."""
+    return _serving(ctx, _infill_requests)
 
 
 def scene_race_endpoint(ctx) -> QWidget:
