@@ -98,12 +98,14 @@ def test_the_earliest_rule_ends_the_answer_and_says_which():
 def test_sampling_follows_llama_servers_defaults_and_sampler_chain_and_names_what_it_cannot_apply():
     default, _, ignored = parse_infill({}, 4096)
     assert (default.sampling.temperature, default.sampling.top_k, default.sampling.top_p) == (0.8, 40, 0.95)
-    assert ignored == []
+    assert ignored == ["min_p"] and parse_infill({"min_p": 0}, 4096)[2] == []     # its default chain has min-p
     vim, _, ignored = parse_infill({"samplers": ["top_k", "top_p", "infill"], "top_k": 40, "top_p": 0.9}, 4096)
     assert (vim.sampling.temperature, vim.sampling.top_k, vim.sampling.top_p) == (1.0, 40, 0.9)   # no temperature
     assert ignored == ["infill"]
-    greedy, _, ignored = parse_infill({"temperature": -1, "min_p": 0.1, "samplers": "kt"}, 4096)
-    assert greedy.sampling.greedy and greedy.sampling.top_p == 1.0 and ignored == ["min_p"]
+    sampled, _, ignored = parse_infill({"temperature": 0.5, "min_p": 0.1, "samplers": "kti"}, 4096)
+    assert sampled.sampling.top_p == 1.0 and sampled.sampling.top_k == 40 and ignored == ["infill", "min_p"]
+    greedy, _, ignored = parse_infill({"temperature": -1, "min_p": 0.1, "samplers": "kti"}, 4096)
+    assert greedy.sampling.greedy and ignored == ["infill"]      # min-p never drops the likeliest token
     seeded, _, _ = parse_infill({"seed": 7, "temperature": 0.5}, 4096)
     assert seeded.sampling.seed == 7 and parse_infill({"seed": -1}, 4096)[0].sampling.seed is None
 

@@ -26,6 +26,8 @@ from core.serve.request import Infill, RequestError, ServeRequest, number, stop_
 log = logging.getLogger(__name__)
 
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}      # llama-server's
+DEFAULT_MIN_P = 0.05
+KEEP_THE_LIKELIEST = ("min_p", "typ_p", "typical_p", "top_n_sigma")
 APPLIED = ("temperature", "top_k", "top_p")
 MAX_STOPS = 64
 # llama-server's names of what changes the distribution beyond the three, with the value that leaves it unchanged
@@ -35,6 +37,7 @@ RANDOM_SEEDS = (-1, 0xFFFFFFFF)   # llama-server's "pick one"
 LETTERS = {"k": "top_k", "p": "top_p", "t": "temperature", "m": "min_p", "y": "typ_p", "x": "xtc", "d": "dry",
            "s": "top_n_sigma", "i": "infill", "e": "penalties"}
 WINDOW = 2048    # tokens of prefix and suffix around the cursor: llama-server's default batch, with which it cuts them
+_warned: set[str] = set()   # the samplers the log has named already
 
 
 def budget(context_length: int, max_tokens: int | None) -> Budget:
@@ -42,7 +45,6 @@ def budget(context_length: int, max_tokens: int | None) -> Budget:
     cursor where the context is small; the extra files fill what is left but room for twice the answer."""
     window = max(4, min(WINDOW, context_length // 2))
     return Budget(window, max(0, context_length - window - 2 * (max_tokens or 0)))
-_warned: set[str] = set()
 
 
 def _string(body: dict, name: str) -> str:
@@ -80,6 +82,8 @@ def _samplers(body: dict) -> tuple[set[str], list[str]]:
             raise RequestError("'samplers' must be a list of sampler names", param="samplers")
         chain = {n for n in named if n in APPLIED}
     ignored = [n for n in (named or ()) if n not in APPLIED]
+    if named is None and body.get("min_p", DEFAULT_MIN_P) != 0:    # llama-server's default chain has min-p
+        ignored.append("min_p")
     for name, neutral in NEUTRAL.items():
         value = body.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value != neutral and name not in ignored:
@@ -102,6 +106,8 @@ def _sampling(body: dict, context_length: int) -> tuple[SamplingParams, list[str
             seed=None if seed in RANDOM_SEEDS else seed, min_tokens=min_tokens)
     except SamplingError as exc:
         raise RequestError(str(exc)) from None
+    if sampling.greedy:     # filters that always keep the likeliest token change nothing for a greedy answer
+        ignored = [n for n in ignored if n not in KEEP_THE_LIKELIEST]
     return sampling, ignored
 
 
