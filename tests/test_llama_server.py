@@ -196,11 +196,13 @@ def test_the_bench_refuses_llama_server_modes_off_llama_cpp(capsys):
 
 
 @pytest.mark.llama_server
-def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path):
+@pytest.mark.parametrize("add_bos", [False, True])
+def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path, add_bos):
     """The same /infill request to both servers on the same file reads the same number of prompt tokens: the other
     files, the project and file names, the typed line after the prefix, in llama-server's order. (The context is
     one where llama-server's cut keeps the other files: in one under twice its batch it drops them all, where
-    SpecLens keeps what fits.)"""
+    SpecLens keeps what fits.) A model whose tokenizer adds a begin-of-text token gets it in both, and a raw text
+    completion gets it too."""
     import httpx
 
     from core.backends.llamacpp import LlamaCppBackend
@@ -209,7 +211,7 @@ def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path):
     from tests.served import serving
 
     names = (*FIM, "<|repo_name|>", "<|file_sep|>")
-    path = write_tiny_gguf(tmp_path / "fim.gguf", seed=0, context=4096, extra_tokens=names)
+    path = write_tiny_gguf(tmp_path / "fim.gguf", seed=0, context=4096, extra_tokens=names, add_bos=add_bos)
     requests = [{"input_prefix": "def f(x):\n", "prompt": "    return ", "input_suffix": "\n\nprint(f(2))\n"},
                 {"input_prefix": "", "prompt": "", "input_suffix": "",
                  "input_extra": [{"filename": "a.py", "text": "A = 1\n"}, {"text": "B = 2\n"}]},
@@ -221,4 +223,7 @@ def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path):
         for name, root in (("speclens", url), ("llama-server", server.url)):
             read[name] = [httpx.post(f"{root}/infill", json={**body, "n_predict": 0, "temperature": 0},
                                      timeout=60).json()["tokens_evaluated"] for body in requests]
+            read[name].append(httpx.post(f"{root}/v1/completions", timeout=60, json={
+                "prompt": "<|fim_prefix|>def f(<|fim_suffix|>)<|fim_middle|>", "max_tokens": 1, "temperature": 0,
+                "model": "fim"}).json()["usage"]["prompt_tokens"])
     assert read["speclens"] == read["llama-server"]

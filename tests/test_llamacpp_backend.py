@@ -280,6 +280,29 @@ def test_fill_in_the_middle_tokens_and_raw_prompts_read_alike_on_both_backends(t
     assert target.infill_tokens() is None and hf.infill_tokens() is not None
 
 
+def test_a_model_whose_tokenizer_adds_a_begin_token_starts_raw_and_infill_prompts_with_it(tmp_path):
+    """As llama-server reads them: a raw text completion and a fill-in-the-middle prompt begin with the begin-of-text
+    token where the GGUF says to add one, on both backends; plain text never does."""
+    from transformers import AutoTokenizer
+
+    from core.backends.hf import HFBackend
+    from core.backends.infill import infill_prompt
+    from core.tiny import tiny_model
+
+    fim = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+    for add_bos in (False, True):
+        path = write_tiny_gguf(tmp_path / f"bos-{add_bos}.gguf", arch="qwen2", extra_tokens=fim, add_bos=add_bos)
+        llama = LlamaCppBackend(path, n_ctx=CONTEXT, n_threads=1)
+        hf = HFBackend(tiny_model(llama.vocab_size, 0), AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name),
+                       device="cpu")
+        bos = int(llama._lib.llama_vocab_bos(llama._vocab))
+        tokens = llama.infill_tokens()
+        assert tokens.start == ([bos] if add_bos else []) and hf.infill_tokens() == tokens
+        raw = llama.tokenize_special("x = 1")
+        assert raw == tokens.start + llama.tokenize("x = 1") and hf.tokenize_special("x = 1") == raw
+        assert infill_prompt(tokens, [7], [8]) == [*tokens.start, tokens.prefix, 7, tokens.suffix, 8, tokens.middle]
+
+
 def test_fingerprints_compare_tokenizers(target, draft, files):
     other = LlamaCppBackend(files["other_tokenizer"], n_ctx=CONTEXT, n_threads=1)
     assert target.fingerprint() == draft.fingerprint()

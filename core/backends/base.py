@@ -62,8 +62,9 @@ class Backend(Protocol):
         """Token ids of plain text: special-token text such as ``<|im_end|>`` stays text."""
 
     def tokenize_special(self, text: str) -> list[int]:
-        """Token ids of raw prompt text in which special-token text such as ``<|fim_prefix|>`` is that token, as
-        llama-server and vLLM read a text completion's prompt."""
+        """Token ids of raw prompt text in which special-token text such as ``<|fim_prefix|>`` is that token, after
+        the model's begin-of-text token where its tokenizer adds one: as llama-server reads a text completion's
+        prompt."""
 
     def infill_tokens(self) -> FimTokens | None:
         """The model's fill-in-the-middle tokens (core.backends.infill); None: it has none."""

@@ -60,7 +60,7 @@ class HFBackend:
         self._specials = {int(i): str(t) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
                           if getattr(t, "special", False)}
         self._text_cache: dict[int, str] = {}
-        self._infill = spelled(tokenizer.get_vocab()) if tokenizer is not None else None
+        self._infill = spelled(tokenizer.get_vocab(), self._begin()) if tokenizer is not None else None
         self.prefill_chunk = PREFILL_CHUNK
         self.reset()
 
@@ -80,17 +80,24 @@ class HFBackend:
         return self._tokenize(text, split_special=True)
 
     def tokenize_special(self, text: str) -> list[int]:
-        return self._tokenize(text, split_special=False)
+        return self._tokenize(text, split_special=False, add_special=True)
+
+    def _begin(self) -> int | None:
+        """The begin-of-text token the tokenizer puts before a text, None where it puts none."""
+        bare = self._tokenize("a", split_special=True)
+        whole = self._tokenize("a", split_special=True, add_special=True)
+        return whole[0] if len(whole) == len(bare) + 1 and whole[1:] == bare else None
 
     def infill_tokens(self) -> FimTokens | None:
         return self._infill
 
-    def _tokenize(self, text: str, split_special: bool) -> list[int]:
+    def _tokenize(self, text: str, split_special: bool, add_special: bool = False) -> list[int]:
         if self.tokenizer is None:
             raise BackendError(f"{self.name} has no tokenizer: pass token ids instead of text")
         # lone surrogates cannot be encoded: they become U+FFFD rather than an error deep in the tokenizer
         text = text.encode("utf-8", errors="replace").decode("utf-8")
-        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=split_special)["input_ids"])
+        ids = self.tokenizer(text, add_special_tokens=add_special, split_special_tokens=split_special)["input_ids"]
+        return list(ids)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` as a reader sees it: control tokens render as nothing."""

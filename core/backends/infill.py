@@ -34,29 +34,35 @@ SNIPPET = "\n\n--- snippet ---\n\n"    # between extra files, for a model withou
 @dataclass(frozen=True)
 class FimTokens:
     """A model's fill-in-the-middle token ids; ``repo`` and ``file_sep`` (None where the model has none) open the
-    repository and each file of the repository-level layout."""
+    repository and each file of the repository-level layout; ``bos`` is the begin-of-text token where the model's
+    tokenizer adds one (llama-server puts it before the prefix token)."""
 
     prefix: int
     suffix: int
     middle: int
     repo: int | None = None
     file_sep: int | None = None
+    bos: int | None = None
+
+    @property
+    def start(self) -> list[int]:
+        return [] if self.bos is None else [self.bos]
 
 
-def spelled(ids: Mapping[str, int]) -> FimTokens | None:
+def spelled(ids: Mapping[str, int], bos: int | None = None) -> FimTokens | None:
     """The tokens of the first spelling whose three tokens are all in the vocabulary ``ids`` (token text -> id), with
-    its repository and file tokens where it has them; None when it has no spelling of the three."""
+    its repository and file tokens where it has them and ``bos``; None when it has no spelling of the three."""
     for names in SPELLINGS:
         if all(name in ids for name in names):
             repo = next((ids[n] for n in REPO_SPELLINGS if n in ids), None)
             file_sep = next((ids[n] for n in FILE_SPELLINGS if n in ids), None)
-            return FimTokens(ids[names[0]], ids[names[1]], ids[names[2]], repo, file_sep)
+            return FimTokens(ids[names[0]], ids[names[1]], ids[names[2]], repo, file_sep, bos)
     return None
 
 
 def infill_prompt(tokens: FimTokens, prefix: Sequence[int], suffix: Sequence[int]) -> list[int]:
     """The prompt whose answer is the middle between ``prefix`` and ``suffix`` (token ids)."""
-    return [tokens.prefix, *prefix, tokens.suffix, *suffix, tokens.middle]
+    return [*tokens.start, tokens.prefix, *prefix, tokens.suffix, *suffix, tokens.middle]
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,8 @@ class Budget:
 def repo_prompt(tokens: FimTokens, tokenize: Callable[[str], list[int]], prefix: str, suffix: str, typed: str,
                 extra: Sequence[tuple[str, str]], budget: Budget) -> list[int]:
     """llama.cpp's ``/infill`` prompt: the ``extra`` files ((filename, text), the editor's other context) under the
-    repository token, then ``<prefix> prefix typed <suffix> suffix <middle>``; ``typed`` is the cursor's line up to
+    repository token, then (after the model's begin-of-text token, where it has one) ``<prefix> prefix typed
+    <suffix> suffix <middle>``; ``typed`` is the cursor's line up to
     the cursor. Each part is cut to ``budget``: the prefix and the extra files keep their ends (nearest the cursor),
     the suffix its start."""
     files: list[int] = []
@@ -98,4 +105,4 @@ def repo_prompt(tokens: FimTokens, tokenize: Callable[[str], list[int]], prefix:
     before = tokenize(prefix)[-budget.prefix:]
     after = tokenize(suffix)[:budget.suffix(len(typed_ids))]
     kept = files[len(files) - min(budget.extra, len(files)):]
-    return [*kept, tokens.prefix, *before, *typed_ids, tokens.suffix, *after, tokens.middle]
+    return [*kept, *tokens.start, tokens.prefix, *before, *typed_ids, tokens.suffix, *after, tokens.middle]

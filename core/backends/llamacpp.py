@@ -247,7 +247,7 @@ class LlamaCppBackend:
         return self._tokenize(text, parse_special=False)
 
     def tokenize_special(self, text: str) -> list[int]:
-        return self._tokenize(text, parse_special=True)
+        return self._tokenize(text, parse_special=True, add_special=True)
 
     def infill_tokens(self) -> FimTokens | None:
         # llama.cpp reads them from the GGUF, else recognises them by their spelling (core.backends.infill)
@@ -257,18 +257,19 @@ class LlamaCppBackend:
             lib.llama_vocab_fim_sep))
         if min(pre, suf, mid) < 0:
             return None
-        return FimTokens(pre, suf, mid, repo if repo >= 0 else None, sep if sep >= 0 else None)
+        bos = int(lib.llama_vocab_bos(self._vocab)) if lib.llama_vocab_get_add_bos(self._vocab) else -1
+        return FimTokens(pre, suf, mid, *(t if t >= 0 else None for t in (repo, sep, bos)))
 
-    def _tokenize(self, text: str, parse_special: bool) -> list[int]:
+    def _tokenize(self, text: str, parse_special: bool, add_special: bool = False) -> list[int]:
         # lone surrogates cannot be UTF-8: they become U+FFFD rather than a UnicodeEncodeError
         data = text.encode("utf-8", errors="replace")
         cap = len(data) + 8
         buf = (self._lib.llama_token * cap)()
-        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, parse_special)
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             buf = (self._lib.llama_token * cap)()
-            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, parse_special)
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             raise BackendError(f"{self.name}: could not tokenize the text")
         return list(buf[:n])
