@@ -38,6 +38,11 @@ def test_screenshot_command_writes_each_scene(qapp, data_dir, tmp_path, capsys):
     assert not any(data_dir.glob("*")) if data_dir.exists() else True  # scenes never touch the user's data
 
 
+def test_a_scene_the_pair_cannot_show_says_why_at_once(qapp, data_dir, tmp_path, capsys):
+    assert main(["--scene", "serve-infill", "--out", str(tmp_path), "--pair", "tiny", "--timeout", "120"]) == 2
+    assert "fill-in-the-middle" in capsys.readouterr().err
+
+
 def test_screenshot_command_rejects_unknown_scenes(capsys):
     assert main(["--scene", "nope", "--out", "unused"]) == 2
     assert "unknown scene" in capsys.readouterr().err

@@ -197,16 +197,25 @@ def _infill_requests(ctx, window) -> None:
     after = body[body.index("    result.extend"):]      # the loop's body is the gap, its indentation typed
     done: list = []
 
+    refused: list = []
+
     def ask() -> None:
         typed = "        "
         for _ in range(2):
-            done.append(httpx.post(f"{window.serve.host.url.removesuffix('/v1')}/infill", timeout=600, json={
+            r = httpx.post(f"{window.serve.host.url.removesuffix('/v1')}/infill", timeout=600, json={
                 "input_prefix": before + loop, "prompt": typed, "input_suffix": after, "n_predict": 64,
-                "temperature": 0, "n_indent": 8}).json())
+                "temperature": 0, "n_indent": 8})
+            if r.status_code != 200:     # the tiny pair, say: no fill-in-the-middle tokens
+                refused.append(r.json()["error"]["message"])
+                return
+            done.append(r.json())
             typed += done[-1]["content"][:12]
 
     threading.Thread(target=ask, daemon=True).start()
-    ctx.wait_until(lambda: len(done) == 2 and window.served_list.list.count() > 1, "the served completions")
+    ctx.wait_until(lambda: refused or (len(done) == 2 and window.served_list.list.count() > 1),
+                   "the served completions")
+    if refused:
+        raise ValueError(refused[0])
 
 
 def _serving(ctx, ask) -> QWidget:
