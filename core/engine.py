@@ -14,8 +14,8 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from core.backends.base import (Backend, Cancelled, ContextLengthError, Progress, check_pair, check_token_ids,
-                                reusable_prefix)
+from core.backends.base import (Backend, Cancelled, ContextLengthError, Progress, cached_prompt, check_pair,
+                                check_token_ids)
 from core.drafting import Baseline, Drafter, Strategy, Verifier
 from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
 from core.record import GenerationRecord, Seen
@@ -74,7 +74,7 @@ class SpeculativeEngine:
         drafter = self.strategy.make_drafter(self.draft, self.sampling, rng)
         self.last_result = None
         t_start = time.perf_counter()
-        cached = reusable_prefix(self.target.committed, prompt[:-1]) if len(prompt) > 1 else 0
+        cached = cached_prompt(self.target, prompt)
         try:
             self._prefill(prompt, drafter, cancel, progress)
         except Cancelled:

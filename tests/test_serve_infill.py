@@ -249,8 +249,8 @@ def test_the_bench_client_streams_infill_into_the_recording_every_face_draws(fim
     models, _ = fim_models
     whole = ask(fim_server)
     run = EndpointRun(Endpoint(fim_server), SPECLENS, count_tokens=lambda t: len(models.target.tokenize(t)))
-    body = {"input_prefix": BEFORE, "input_suffix": AFTER, "prompt": TYPED, "input_extra": EXTRA, "ignore_eos": True}
-    steps = list(run.stream_infill(body, 16, SamplingParams(temperature=0.0)))
+    body = {"input_prefix": BEFORE, "input_suffix": AFTER, "prompt": TYPED, "input_extra": EXTRA}
+    steps = list(run.stream_infill(body, 16, SamplingParams(temperature=0.0, min_tokens=16)))   # ignore_eos
     result = run.result
     assert result.result.text == "".join(s.text for s in steps) == whole["content"]
     assert result.result.stats.new_tokens == 16 and result.finish_reason == "length"

@@ -164,6 +164,11 @@ def reusable_prefix(committed: Sequence[int], ids: Sequence[int]) -> int:
     return min(common, len(ids) - 1)
 
 
+def cached_prompt(backend: Backend, prompt: Sequence[int]) -> int:
+    """How many of ``prompt``'s tokens a generation finds in ``backend``'s cache (it prefills all but the last)."""
+    return reusable_prefix(backend.committed, prompt[:-1]) if len(prompt) > 1 else 0
+
+
 def prefill_chunks(start: int, end: int, size: int, cancel: threading.Event | None,
                    progress: Progress | None) -> Iterator[tuple[int, int]]:
     """``(lo, hi)`` ranges covering ``start..end`` in chunks of ``size``; checks ``cancel`` before each chunk and

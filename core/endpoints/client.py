@@ -20,6 +20,7 @@ import httpx
 import openai
 
 from core.endpoints import spec_stats
+from core.endpoints.llama_server import sampling_fields
 from core.endpoints.spec_stats import SpecStats
 from core.events import GenerationResult, GenerationStats, Origin, StepEvent, StopReason
 from core.sampling import SamplingParams
@@ -187,9 +188,7 @@ class EndpointRun:
                       cancel: threading.Event | None = None) -> Iterator[StepEvent]:
         """:meth:`stream` of a completion at the cursor from llama-server's own ``/infill`` (``body``: its
         ``input_prefix``, ``prompt``, ``input_suffix``, ``input_extra``), as editor plugins ask for it."""
-        asked = {**body, "n_predict": max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
-                 "top_p": sampling.top_p, "samplers": ["temperature", "top_k", "top_p"], "stream": True,
-                 "seed": sampling.seed if sampling.seed is not None else -1}
+        asked = {**body, **sampling_fields(max_new_tokens, sampling), "stream": True}
         headers = {"Authorization": f"Bearer {self.endpoint.api_key}"} if self.endpoint.api_key else {}
         http = httpx.Client(timeout=TIMEOUT_S)
         try:

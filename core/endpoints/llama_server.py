@@ -68,17 +68,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def completion_body(prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> dict:
-    """A /completion request that samples as SpecLens does: temperature, then top-k and top-p on the tempered
-    distribution, nothing else (llama-server's defaults add top-k 40, top-p 0.95 and min-p 0.05)."""
-    body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "return_tokens": True,
-            # every run reads its whole prompt, as SpecLens's timed runs do
-            "cache_prompt": False, "temperature": sampling.temperature, "top_k": sampling.top_k,
-            "top_p": sampling.top_p, "min_p": 0.0, "samplers": ["temperature", "top_k", "top_p"],
-            "ignore_eos": sampling.min_tokens >= max_new_tokens}
+def sampling_fields(max_new_tokens: int, sampling: SamplingParams) -> dict:
+    """The fields of a request to llama-server's own endpoints (/completion, /infill) that make it sample as SpecLens
+    does: temperature, then top-k and top-p on the tempered distribution, nothing else (llama-server's defaults add
+    top-k 40, top-p 0.95 and min-p 0.05)."""
+    fields = {"n_predict": max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
+              "top_p": sampling.top_p, "min_p": 0.0, "samplers": ["temperature", "top_k", "top_p"],
+              "ignore_eos": sampling.min_tokens >= max_new_tokens}
     if sampling.seed is not None:
-        body["seed"] = sampling.seed
-    return body
+        fields["seed"] = sampling.seed
+    return fields
+
+
+def completion_body(prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> dict:
+    """A /completion request of ``prompt_ids`` sampled as SpecLens samples (:func:`sampling_fields`)."""
+    # every run reads its whole prompt, as SpecLens's timed runs do
+    return {"prompt": list(prompt_ids), "return_tokens": True, "cache_prompt": False,
+            **sampling_fields(max_new_tokens, sampling)}
 
 
 class LlamaServer:

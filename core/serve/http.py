@@ -226,7 +226,9 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
                 elif isinstance(item, Finished):
                     _record(item)
                     for chunk in reply.closing(item):
-                        yield chunk if isinstance(chunk, str) else _sse(chunk)
+                        yield _sse(chunk)
+                    if reply.END:
+                        yield reply.END
                     return
                 elif isinstance(item, _Failed):   # after the stream began: said in-band, as OpenAI does
                     log.warning("a streamed request failed: %s", item.error)
@@ -273,6 +275,8 @@ async def _next(items: asyncio.Queue, request: Request, cancel: threading.Event)
 class _Reply:
     """OpenAI's response shapes for one request: a chat completion or a text completion, whole or streamed."""
 
+    END = "data: [DONE]\n\n"     # what a stream ends with, after its closing chunks
+
     def __init__(self, req: ServeRequest, model: str, chat: bool) -> None:
         self.req, self.model, self.chat = req, model, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -297,16 +301,15 @@ class _Reply:
         return self._chunk({"delta": {"content": delta.text}, "finish_reason": None} if self.chat
                            else {"text": delta.text, "finish_reason": None})
 
-    def closing(self, finished: Finished) -> list:
-        """The finish chunk, then the usage chunk when asked (llama-server's timings ride on the last one), then the
-        end of the stream."""
+    def closing(self, finished: Finished) -> list[dict]:
+        """The finish chunk, then the usage chunk when asked; llama-server's timings ride on the last one."""
         last = self._chunk({"delta": {}, "finish_reason": finished.finish_reason} if self.chat
                            else {"text": "", "finish_reason": finished.finish_reason})
         chunks = [last]
         if self.req.include_usage:
             chunks.append({**self._head(last["object"]), "choices": [], "usage": finished.usage})
         chunks[-1]["timings"] = finished.timings
-        return [*chunks, "data: [DONE]\n\n"]
+        return chunks
 
     def whole(self, items: list) -> dict:
         finished = items[-1]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from core.auto import attach_memory
-from core.backends.base import Cancelled, reusable_prefix
+from core.backends.base import Cancelled, cached_prompt
 from core.backends.infill import infill_prompt, repo_prompt
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
@@ -184,7 +184,7 @@ def run_request(models: ServedModels, request: ServeRequest, push: Callable[[obj
         memory.add_document(prediction, source="prediction")
     engine = SpeculativeEngine(target, models.draft, models.strategy, request.sampling,
                                rng_factory=models.rng_factory)
-    push(Started(len(prompt), reusable_prefix(target.committed, prompt[:-1]) if len(prompt) > 1 else 0))
+    push(Started(len(prompt), cached_prompt(target, prompt)))
     if observer is not None:
         observer.started(client, request, models.strategy.label)
     stops = StopText(request.stop, request.min_indent, request.newline_after_s)
@@ -227,7 +227,7 @@ def run_request(models: ServedModels, request: ServeRequest, push: Callable[[obj
 def _read_only(target, prompt: list[int], push: Callable[[object], None], cancel: threading.Event) -> None:
     """A request for no tokens: its prompt is read into the cache (all but the last token, as a generation would),
     so that the next request sharing its beginning starts from there; nothing is decoded, drafted or remembered."""
-    cached = reusable_prefix(target.committed, prompt[:-1]) if len(prompt) > 1 else 0
+    cached = cached_prompt(target, prompt)
     push(Started(len(prompt), cached))
     t0 = time.perf_counter()
     stop = StopReason.MAX_TOKENS

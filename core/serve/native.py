@@ -170,6 +170,8 @@ class NativeReply:
     """llama-server's answer shapes for one ``/infill`` request (``started``: core.serve.job.Started): whole, or
     streamed as a chunk a delta and the whole answer, its text already sent, to end."""
 
+    END = ""     # llama-server's own stream ends with its last chunk
+
     def __init__(self, request: ServeRequest, model: str, fields: tuple[str, ...], ignored: list[str],
                  started) -> None:
         self.request, self.model, self.fields, self.ignored = request, model, fields, ignored
