@@ -202,7 +202,8 @@ def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path, add_b
     files, the project and file names, the typed line after the prefix, in llama-server's order. (The context is
     one where llama-server's cut keeps the other files: in one under twice its batch it drops them all, where
     SpecLens keeps what fits.) A model whose tokenizer adds a begin-of-text token gets it in both, and a raw text
-    completion gets it too."""
+    completion gets it too, through /completion also where its prompt mixes text and token ids (before a text that
+    opens it only). /completion answers with llama-server's fields but the prompt spelled back."""
     import httpx
 
     from core.backends.llamacpp import LlamaCppBackend
@@ -217,7 +218,7 @@ def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path, add_b
                  "input_extra": [{"filename": "a.py", "text": "A = 1\n"}, {"text": "B = 2\n"}]},
                 {"input_prefix": "x = 1\n", "input_suffix": "", "input_extra": [{"filename": "b.py", "text": "y\n"}]}]
     target = LlamaCppBackend(path, n_ctx=4096, n_threads=1)
-    read = {}
+    read, keys = {}, {}
     with serving(ServedModels(target, None, Memory(8, 8), "fim")) as (url, _), \
             LlamaServer(path, threads=1, context=4096) as server:
         for name, root in (("speclens", url), ("llama-server", server.url)):
@@ -226,4 +227,10 @@ def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path, add_b
             read[name].append(httpx.post(f"{root}/v1/completions", timeout=60, json={
                 "prompt": "<|fim_prefix|>def f(<|fim_suffix|>)<|fim_middle|>", "max_tokens": 1, "temperature": 0,
                 "model": "fim"}).json()["usage"]["prompt_tokens"])
+            for prompt in ("<|fim_prefix|>def f(", [5, "<|fim_prefix|>def", 7], ["def <|fim_suffix|>", 7, "x"]):
+                answer = httpx.post(f"{root}/completion", timeout=60, json={
+                    "prompt": prompt, "n_predict": 1, "temperature": 0}).json()
+                read[name].append(answer["tokens_evaluated"])
+            keys[name] = set(answer)
     assert read["speclens"] == read["llama-server"]
+    assert keys["llama-server"] - keys["speclens"] == {"prompt"} and keys["speclens"] <= keys["llama-server"]

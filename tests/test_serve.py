@@ -189,6 +189,9 @@ def test_a_prediction_keeps_the_targets_distribution_exactly():
      "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "prediction": {"type": "file"}}, 400, None, "prediction"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": [1, 2]}, 400, None, "stop"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, 400, None,
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": -100}}, 400, None, "logit_bias"),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, body, status, code, param):
     url, _, _ = server
@@ -370,6 +373,7 @@ def test_requests_are_read_as_openai_defines_them():
     infill = parse({"prompt": "def f(", "suffix": "):"}, False, 100)
     assert infill.suffix == "):" and infill.text == "def f(\u2038):"          # as the window shows it
     assert parse({"prompt": "x"}, False, 100).text == "x"
+    assert parse({"prompt": "x", "response_format": {"type": "text"}, "logit_bias": {}}, False, 100).prompt == "x"
     with pytest.raises(RequestError) as info:
         parse({"prompt": ""}, False, 100)
     assert info.value.param == "prompt"

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from core.serve.executor import Executor
 from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
-from core.serve.native import NativeReply, parse_infill
+from core.serve.native import NativeReply, parse_completion, parse_infill
 from core.serve.request import RequestError, ServeRequest, parse
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,17 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
         """llama-server's own endpoint for completion at the cursor (core.serve.native); like llama-server, it serves
         whatever model it has, whichever a request names."""
         req, fields, ignored = parse_infill(await _json_body(request, max_body), models.target.context_length)
+        return await _native(req, fields, ignored, request)
+
+    @app.post("/completion")
+    @app.post("/completions")
+    async def native_completion(request: Request):
+        """llama-server's own text completion (core.serve.native), at both its paths; it too serves whatever model
+        it has."""
+        req, fields, ignored = parse_completion(await _json_body(request, max_body), models.target.context_length)
+        return await _native(req, fields, ignored, request)
+
+    async def _native(req: ServeRequest, fields: tuple[str, ...], ignored: list[str], request: Request):
         items, cancel, started = await _start(req, request)
         return await _answer(NativeReply(req, models.name, fields, ignored, started), req, items, request, cancel)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from core.auto import attach_memory
-from core.backends.base import Cancelled, cached_prompt
+from core.backends.base import Cancelled, cached_prompt, check_token_ids
 from core.backends.infill import infill_prompt, repo_prompt
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
@@ -100,6 +100,8 @@ class ServedModels:
         """RequestError when the request fills in the middle and the model has no tokens to do it with."""
         if request.chat:
             return self.target.apply_chat_template(list(request.messages))
+        if request.pieces is not None:
+            return self._mixed(request.pieces)
         if request.suffix is None and request.infill is None:
             return self.target.tokenize_special(request.prompt)
         tokens = self.target.infill_tokens()
@@ -116,6 +118,24 @@ class ServedModels:
         return infill_prompt(tokens, self.target.tokenize(request.prompt), self.target.tokenize(request.suffix))
 
 
+    def _mixed(self, pieces: tuple[str | int, ...]) -> list[int]:
+        """llama-server's reading of a prompt of token ids and texts: the texts' special-token text is those tokens,
+        and the model's begin-of-text token comes only before a text that opens the prompt."""
+        target = self.target
+        start = target.tokenize_special("")     # what the tokenizer puts before any text
+        ids: list[int] = []
+        for i, piece in enumerate(pieces):
+            if isinstance(piece, int):
+                ids.append(piece)
+                continue
+            tokens = target.tokenize_special(piece)
+            ids.extend(tokens[len(start):] if i and tokens[:len(start)] == start else tokens)
+        try:
+            return check_token_ids(ids, target.vocab_size, "the prompt's token ids")
+        except ValueError as exc:
+            raise RequestError(str(exc), param="prompt") from None
+
+
 def accepted_prediction_tokens(prediction: Sequence[int], completion: Sequence[int]) -> int:
     """OpenAI's definition: the tokens of the prediction that appeared in the completion (matched in order)."""
     matcher = difflib.SequenceMatcher(None, list(prediction), list(completion), autojunk=False)
@@ -127,6 +147,8 @@ def _limits(models: ServedModels, request: ServeRequest, prompt: list[int]) -> i
     context = models.target.context_length
     room = context - len(prompt)
     where = "messages" if request.chat else "prompt"
+    if not prompt:       # a text completion's empty text, where the model puts no begin-of-text token before it
+        raise RequestError("the prompt is empty: there is nothing to continue", param=where)
     if room < 1:
         raise RequestError(f"This model's maximum context length is {context} tokens, but the {where} has "
                            f"{len(prompt)} tokens. Shorten it.", param=where, code="context_length_exceeded")

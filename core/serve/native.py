@@ -1,19 +1,24 @@
-"""llama-server's own ``/infill``, the endpoint editor plugins for local models call (llama.vim, llama.vscode): its
-request and its answer, whole or streamed, so such a plugin pointed at SpecLens works unchanged.
+"""llama-server's own endpoints, the ones clients made for local models call: ``/infill`` (the editor plugins
+llama.vim and llama.vscode) and ``/completion`` (Continue's llama.cpp provider, scripts written for llama-server): their
+requests and their answer, whole or streamed, so such a client pointed at SpecLens works unchanged.
 
-A request gives the text before the cursor's line (``input_prefix``), that line up to the cursor (``prompt``), the
-text after the cursor (``input_suffix``) and other files (``input_extra``: ``[{"filename", "text"}]``); the prompt is
-llama-server's repository-level one (core.backends.infill.repo_prompt), cut to the same budget. ``n_predict`` (or
-``max_tokens``; -1: no limit) 0 only reads the prompt into the cache, as a plugin does to have its extra files read
-before the user next pauses. ``n_indent`` and ``t_max_predict_ms`` end the completion as llama-server does
-(core.serve.stops), ``stop``, ``stream``, ``seed`` and ``response_fields`` mean what they mean there.
+An ``/infill`` request gives the text before the cursor's line (``input_prefix``), that line up to the cursor
+(``prompt``), the text after the cursor (``input_suffix``) and other files (``input_extra``: ``[{"filename",
+"text"}]``); the prompt is llama-server's repository-level one (core.backends.infill.repo_prompt), cut to the same
+budget. A ``/completion`` request gives ``prompt``: text (its special-token text read as those tokens, after the
+model's begin-of-text token), token ids, or both mixed in one list, as llama-server reads them.
+
+Both take ``n_predict`` (or ``max_tokens``; -1: no limit; 0 only reads the prompt into the cache, as a plugin does to
+have its extra files read before the user next pauses), ``n_indent`` and ``t_max_predict_ms`` (core.serve.stops),
+``stop``, ``stream``, ``seed`` and ``response_fields``, meaning what they mean there.
 
 Sampling is SpecLens's lossless one: ``temperature`` (<= 0: greedy), ``top_k`` and ``top_p``, with llama-server's
 defaults (0.8, 40, 0.95); a ``samplers`` list names which of them apply (a chain without ``temperature`` samples at
 1.0), applied temperature first whatever the order listed: what the draft and the verifier share, so the answer keeps
 exactly that distribution. llama-server's other samplers (the plugins' ``infill``, ``min_p``, penalties, ...) are not
 implemented here and not applied: the answer's ``generation_settings.ignored`` names them, and the server says so
-once in its log.
+once in its log. What would make the answer follow a form (``grammar``, ``json_schema``, ``logit_bias``) is refused
+rather than ignored: a client that asks for JSON must not get prose it takes for JSON.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import logging
 
 from core.backends.infill import Budget
 from core.sampling import MAX_TEMPERATURE, SamplingError, SamplingParams
-from core.serve.request import Infill, RequestError, ServeRequest, number, stop_sequences
+from core.serve.request import Infill, RequestError, ServeRequest, number, refuse_forms, stop_sequences
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +117,57 @@ def _sampling(body: dict, context_length: int) -> tuple[SamplingParams, list[str
 
 
 def parse_infill(body, context_length: int) -> tuple[ServeRequest, tuple[str, ...], list[str]]:
-    """The request in ``body`` (parsed JSON): the engine's request, the ``response_fields`` asked for, and the
-    samplers asked for that are not applied; RequestError if unusable."""
+    """The ``/infill`` request in ``body`` (parsed JSON): the engine's request, the ``response_fields`` asked for, and
+    the samplers asked for that are not applied; RequestError if unusable."""
+    body = _object(body)
+    infill = Infill(_string(body, "input_prefix"), _string(body, "input_suffix"), _string(body, "prompt"),
+                    _extra(body))
+    return _native(body, context_length, "/infill", infill=infill)
+
+
+def parse_completion(body, context_length: int) -> tuple[ServeRequest, tuple[str, ...], list[str]]:
+    """The ``/completion`` request in ``body``, as :func:`parse_infill` reads an ``/infill`` one."""
+    body = _object(body)
+    prompt = _prompt(body)
+    if isinstance(prompt, str):
+        return _native(body, context_length, "/completion", prompt=prompt)
+    return _native(body, context_length, "/completion", pieces=prompt)
+
+
+def _object(body) -> dict:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    return body
+
+
+def _token(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompt(body: dict) -> str | tuple[str | int, ...]:
+    """``prompt`` as text, or as a list of token ids and texts (llama-server's mixed prompt, one prompt)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]      # a list of one prompt
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_token(p) or isinstance(p, str) for p in prompt) and (
+            any(_token(p) for p in prompt)):
+        return tuple(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise RequestError(f"'prompt' holds {len(prompt)} prompts: SpecLens answers one per request (one engine "
+                           "decodes one answer at a time); send them one after another", param="prompt")
+    raise RequestError("'prompt' must be given: text, a list of token ids, or a list mixing both", param="prompt")
+
+
+def _native(body: dict, context_length: int, endpoint: str, prompt: str | None = None,
+            pieces: tuple[str | int, ...] | None = None,
+            infill: Infill | None = None) -> tuple[ServeRequest, tuple[str, ...], list[str]]:
+    """The fields both endpoints share, around the prompt (one of ``prompt``, ``pieces``, ``infill``)."""
     if number(body, "n_probs", 0, 0, 2**31, integer=True):
         raise RequestError("'n_probs' is not supported: SpecLens does not report token probabilities",
                            param="n_probs")
-    infill = Infill(_string(body, "input_prefix"), _string(body, "input_suffix"), _string(body, "prompt"),
-                    _extra(body))
+    refuse_forms(body)
     name = "n_predict" if "n_predict" in body else "max_tokens"
     limit = number(body, name, -1, -1, context_length, integer=True)
     sampling, ignored = _sampling(body, context_length)
@@ -133,14 +180,14 @@ def parse_infill(body, context_length: int) -> tuple[ServeRequest, tuple[str, ..
     min_indent = number(body, "n_indent", 0, 0, 2**31, integer=True)
     newline_ms = number(body, "t_max_predict_ms", 0, 0, 2**53)
     request = ServeRequest(
-        model=_string(body, "model"), messages=None, prompt=None, max_tokens=None if limit < 0 else limit,
+        model=_string(body, "model"), messages=None, prompt=prompt, max_tokens=None if limit < 0 else limit,
         sampling=sampling, stop=stop_sequences(body, MAX_STOPS), stream=stream, include_usage=False, prediction=None,
-        infill=infill, min_indent=min_indent, newline_after_s=newline_ms / 1000 if newline_ms > 0 else None)
+        infill=infill, pieces=pieces, min_indent=min_indent, newline_after_s=newline_ms / 1000 if newline_ms > 0 else None)
     for sampler in ignored:
         if sampler not in _warned:
             _warned.add(sampler)
-            log.warning("/infill: the sampler '%s' is not applied (SpecLens samples with temperature, top_k and top_p "
-                        "only); answers name what was not applied in generation_settings.ignored", sampler)
+            log.warning("%s: the sampler '%s' is not applied (SpecLens samples with temperature, top_k and top_p "
+                        "only); answers name what was not applied in generation_settings.ignored", endpoint, sampler)
     return request, tuple(fields), ignored
 
 
@@ -167,7 +214,7 @@ def only(whole: dict, fields: tuple[str, ...]) -> dict:
 
 
 class NativeReply:
-    """llama-server's answer shapes for one ``/infill`` request (``started``: core.serve.job.Started): whole, or
+    """llama-server's answer shapes for one ``/infill`` or ``/completion`` request (``started``: core.serve.job.Started): whole, or
     streamed as a chunk a delta and the whole answer, its text already sent, to end."""
 
     END = ""     # llama-server's own stream ends with its last chunk

@@ -5,7 +5,8 @@ string, its special-token text read as those tokens, as llama-server and vLLM re
 fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take
 ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
 ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the answer is
-expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``.
+expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``. A request for a form
+(``response_format`` JSON, a grammar) or a ``logit_bias`` is refused, not ignored.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class ServeRequest:
     prediction: str | None
     suffix: str | None = None       # a text completion that fills in the middle (core.backends.infill)
     infill: Infill | None = None    # llama-server's /infill (core.serve.native); max_tokens 0 only reads the prompt
+    pieces: tuple[str | int, ...] | None = None   # llama-server's /completion prompt of token ids and texts
     min_indent: int = 0             # core.serve.stops.StopText's rules
     newline_after_s: float | None = None
 
@@ -68,10 +70,12 @@ class ServeRequest:
 
     @property
     def text(self) -> str:
-        """A text completion as a reader sees it: the prompt, and where the middle is filled in, a mark for it and
-        the suffix."""
+        """A text completion as a reader sees it: the prompt (a token id given as such shows as ``⟨id⟩``), and where
+        the middle is filled in, a mark for it and the suffix."""
         if self.infill is not None:
             return f"{self.infill.prefix}{self.infill.typed}{MIDDLE_MARK}{self.infill.suffix}"
+        if self.pieces is not None:
+            return "".join(p if isinstance(p, str) else f"⟨{p}⟩" for p in self.pieces)
         return self.prompt if self.suffix is None else f"{self.prompt}{MIDDLE_MARK}{self.suffix}"
 
 
@@ -125,6 +129,20 @@ def stop_sequences(body: dict, limit: int = MAX_STOPS) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def refuse_forms(body: dict) -> None:
+    """RequestError where the request asks the answer to follow a form or a bias (OpenAI's ``response_format`` other
+    than text and ``logit_bias``, llama-server's ``grammar`` and ``json_schema``): SpecLens cannot constrain what the
+    model says, and an answer that ignored it could be taken for one that followed it."""
+    form = body.get("response_format")
+    if form is not None and form != {"type": "text"}:
+        raise RequestError("'response_format' other than {\"type\": \"text\"} is not supported: SpecLens does not "
+                           "constrain what the model says", param="response_format")
+    for name in ("grammar", "json_schema", "logit_bias"):
+        if body.get(name):
+            raise RequestError(f"'{name}' is not supported: SpecLens does not constrain or bias what the model says",
+                               param=name)
+
+
 def _prediction(body: dict) -> str | None:
     prediction = body.get("prediction")
     if prediction is None:
@@ -138,6 +156,7 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
     """The request in ``body`` (parsed JSON) for a chat (``chat``) or text completion; RequestError if unusable."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    refuse_forms(body)
     model = body.get("model", "")
     if not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model")

@@ -1,7 +1,9 @@
-"""llama-server's ``/infill`` on `speclens serve`, as the editor plugins for local models call it (llama.vim,
-llama.vscode): the repository-level prompt and its cuts, the rules that end a completion at the cursor, the answer's
-shapes (whole, streamed, ``response_fields``), reading a prompt for no tokens, and every refusal. Greedy answers are
-Baseline's greedy decode of the same prompt, token for token, whatever the tiny model says."""
+"""llama-server's own endpoints on `speclens serve`: ``/infill`` as the editor plugins for local models call it
+(llama.vim, llama.vscode) and ``/completion`` as Continue's llama.cpp provider and llama-server's scripts do. The
+repository-level prompt and its cuts, a prompt of text, token ids or both, the rules that end a completion at the
+cursor, the answer's shapes (whole, streamed, ``response_fields``), reading a prompt for no tokens, a client that
+leaves, and every refusal. Greedy answers are Baseline's greedy decode of the same prompt, token for token, whatever
+the tiny model says."""
 from __future__ import annotations
 
 import json
@@ -16,11 +18,11 @@ from core.engine import SpeculativeEngine
 from core.memory import Memory
 from core.sampling import SamplingParams
 from core.serve.job import ServedModels
-from core.serve.native import budget, only, parse_infill
+from core.serve.native import budget, only, parse_completion, parse_infill
 from core.serve.request import MIDDLE_MARK, RequestError
 from core.serve.stops import LIMIT, WORD, StopText
 from core.tiny import tiny_model, tiny_tokenizer
-from tests.served import serving
+from tests.served import Recorder, serving
 
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>")
 BEFORE = "def area(w, h):\n"
@@ -121,10 +123,42 @@ def test_the_request_keeps_the_cursor_the_limits_and_the_fields_asked_for():
     assert parse_infill({"max_tokens": 9}, 4096)[0].max_tokens == 9
     for bad, param in (({"input_extra": [{"filename": "a"}]}, "input_extra[0]"), ({"input_prefix": 3}, "input_prefix"),
                        ({"n_predict": -2}, "n_predict"), ({"n_probs": 3}, "n_probs"), ({"stream": "yes"}, "stream"),
-                       ({"response_fields": "content"}, "response_fields"), ({"samplers": 5}, "samplers")):
+                       ({"response_fields": "content"}, "response_fields"), ({"samplers": 5}, "samplers"),
+                       ({"grammar": 'root ::= "a"'}, "grammar"), ({"json_schema": {"type": "object"}}, "json_schema"),
+                       ({"logit_bias": [[5, -100]]}, "logit_bias")):
         with pytest.raises(RequestError) as refused:
             parse_infill(bad, 4096)
         assert refused.value.param == param, bad
+    assert parse_infill({"grammar": "", "logit_bias": []}, 4096)[0].infill is not None    # empty: nothing asked
+
+
+def test_a_completion_prompt_is_text_token_ids_or_both_and_one_prompt_per_request():
+    text = parse_completion({"prompt": "def f"}, 4096)[0]
+    assert text.prompt == "def f" and text.pieces is None and text.infill is None
+    assert parse_completion({"prompt": ["def f"]}, 4096)[0].prompt == "def f"        # a list of one prompt
+    assert parse_completion({"prompt": [[5, 6, 7]]}, 4096)[0].pieces == (5, 6, 7)
+    mixed = parse_completion({"prompt": [5, "ab", 7]}, 4096)[0]
+    assert mixed.pieces == (5, "ab", 7) and mixed.prompt is None and mixed.text == "\u27e85\u27e9ab\u27e87\u27e9"
+    for bad in ({}, {"prompt": None}, {"prompt": []}, {"prompt": [True]}, {"prompt": [1.5]}, {"prompt": ["a", "b"]},
+                {"prompt": [[1], [2]]}, {"prompt": {"text": "a"}}):
+        with pytest.raises(RequestError) as refused:
+            parse_completion(bad, 4096)
+        assert refused.value.param == "prompt", bad
+    with pytest.raises(RequestError, match="one per request"):
+        parse_completion({"prompt": ["a", "b"]}, 4096)
+
+
+def test_what_completion_shares_with_infill_it_reads_the_same_way():
+    from dataclasses import replace
+
+    shared = {"n_predict": 9, "stop": ["\n\n"], "n_indent": 2, "t_max_predict_ms": 250, "temperature": 0.3,
+              "samplers": ["top_k", "temperature"], "min_p": 0.1, "seed": 3, "response_fields": ["content"]}
+    completion, infill = parse_completion({"prompt": "x", **shared}, 4096), parse_infill(shared, 4096)
+    assert completion[1:] == infill[1:] == (("content",), ["min_p"])
+    assert replace(completion[0], prompt=None) == replace(infill[0], infill=None)
+    with pytest.raises(RequestError) as refused:
+        parse_completion({"prompt": "x", "grammar": "root ::= [a-z]+"}, 4096)
+    assert refused.value.param == "grammar"
 
 
 def test_only_the_fields_asked_for_are_answered_under_their_paths():
@@ -143,9 +177,15 @@ def fim_models():
 
 
 @pytest.fixture(scope="module")
-def fim_server(fim_models):
-    with serving(fim_models[0]) as (url, _):
-        yield url
+def fim_served(fim_models):
+    recorder = Recorder()
+    with serving(fim_models[0], observer=recorder) as (url, _):
+        yield url, recorder
+
+
+@pytest.fixture(scope="module")
+def fim_server(fim_served):
+    return fim_served[0]
 
 
 def ask(url: str, **body) -> dict:
@@ -180,11 +220,14 @@ def test_a_served_completion_is_baselines_greedy_answer_to_llama_servers_prompt(
     assert again["timings"]["draft_n_accepted"] > 0
 
 
-def test_a_streamed_completion_sends_the_same_text_then_the_answer_without_it(fim_server):
-    whole = ask(fim_server)
-    with httpx.stream("POST", f"{fim_server}/infill", timeout=60, json={
-            "input_prefix": BEFORE, "input_suffix": AFTER, "prompt": TYPED, "input_extra": EXTRA, "n_predict": 16,
-            "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+INFILL = {"input_prefix": BEFORE, "input_suffix": AFTER, "prompt": TYPED, "input_extra": EXTRA}
+
+
+@pytest.mark.parametrize("path, body", [("/infill", INFILL), ("/completion", {"prompt": BEFORE})])
+def test_a_streamed_completion_sends_the_same_text_then_the_answer_without_it(fim_server, path, body):
+    options = {**body, "n_predict": 16, "temperature": 0, "ignore_eos": True}
+    whole = httpx.post(f"{fim_server}{path}", json=options, timeout=60).json()
+    with httpx.stream("POST", f"{fim_server}{path}", timeout=60, json={**options, "stream": True}) as r:
         chunks = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "".join(c["content"] for c in chunks) == whole["content"]
     assert [c["stop"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
@@ -231,6 +274,46 @@ def test_refusals_say_why_and_the_server_goes_on(fim_server, server_without_fim)
     r = httpx.post(f"{fim_server}/infill", content=b"{", timeout=60)
     assert r.status_code == 400
     assert ask(fim_server, n_predict=2)["tokens_predicted"] == 2
+
+
+def test_a_completion_is_baselines_greedy_answer_whether_its_prompt_is_text_token_ids_or_both(fim_server,
+                                                                                                fim_models):
+    models, tok = fim_models
+    target = models.target
+    text = f"{FIM[3]}{BEFORE}"                   # special-token text is that token, as in llama-server
+    ids = target.tokenize_special(text)
+    assert ids[0] == tok.convert_tokens_to_ids(FIM[3]) and len(ids) == 1 + len(BEFORE)
+    engine = SpeculativeEngine(target, None, Baseline(), SamplingParams(min_tokens=target.context_length))
+    answer = list(engine.generate(ids, 16).tokens)
+    for prompt in (text, ids, [ids[0], BEFORE[:4], *ids[5:9], BEFORE[8:]], [FIM[3], *ids[1:]]):
+        for path in ("/completion", "/completions"):
+            got = httpx.post(f"{fim_server}{path}", timeout=60, json={
+                "prompt": prompt, "n_predict": 16, "temperature": 0, "ignore_eos": True}).json()
+            assert got["tokens_evaluated"] == len(ids) and got["tokens"] == answer, (prompt, path)
+            assert got["content"] == target.detokenize(answer) and got["stop_type"] == "limit"
+
+
+def test_a_completion_client_that_leaves_stops_its_generation(fim_served):
+    url, recorder = fim_served
+    recorder.settled()
+    before = len(recorder.records)
+    body = {"prompt": BEFORE, "n_predict": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/completion", json=body, timeout=60) as r:
+        assert next(r.iter_lines()).startswith("data: ")
+    recorder.wait_until(lambda: len(recorder.records) > before)
+    finished = recorder.records[before].finished
+    assert finished.finish_reason == "cancelled" and finished.usage["completion_tokens"] < 3000
+
+
+def test_completion_refusals_say_why_and_the_server_goes_on(fim_server, fim_models):
+    vocab = fim_models[0].target.vocab_size
+    for body, words in (({"prompt": [1, vocab]}, "vocabulary"), ({"prompt": ""}, "empty"),
+                        ({"prompt": ["a", "b"]}, "one per request"), ({"prompt": "a", "json_schema": {"type": "x"}},
+                                                                      "json_schema")):
+        r = httpx.post(f"{fim_server}/completion", json={**body, "n_predict": 2}, timeout=60)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    assert httpx.post(f"{fim_server}/completion", json={"prompt": "a", "n_predict": 2, "ignore_eos": True},
+                      timeout=60).json()["tokens_predicted"] == 2
 
 
 @pytest.fixture(scope="module")
