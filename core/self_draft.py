@@ -127,8 +127,8 @@ class EarlyExit:
     def special_name(self, token: int) -> str | None:
         return self.target.special_name(token)
 
-    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
-        return self.target.apply_chat_template(messages)
+    def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
+        return self.target.apply_chat_template(messages, tools)
 
     def fingerprint(self) -> str:
         return self.target.fingerprint()

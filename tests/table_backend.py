@@ -60,7 +60,7 @@ class TableBackend:
     def detokenize(self, ids: Sequence[int]) -> str:
         return "".join(f"<{i}>" for i in ids)
 
-    def apply_chat_template(self, messages) -> list[int]:
+    def apply_chat_template(self, messages, tools=()) -> list[int]:
         return [int(t) for m in messages for t in m["content"].split()]
 
     def fingerprint(self) -> str:

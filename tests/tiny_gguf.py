@@ -69,7 +69,7 @@ def tiny_vocab(n_merges: int = 24, extra_tokens: tuple[str, ...] = ()) -> tuple[
 def write_tiny_gguf(path: str | Path, seed: int = 0, noise: float = 0.0, noise_seed: int = 1, arch: str = "llama",
                     layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, context: int = 256,
                     extra_tokens: tuple[str, ...] = (), n_merges: int = 24, weight_std: float = 0.25,
-                    add_bos: bool = False) -> Path:
+                    add_bos: bool = False, chat_template: str = CHAT_TEMPLATE) -> Path:
     """Write a random ``arch`` ("llama" or "qwen2") model with the tiny tokenizer to ``path`` and return it.
 
     Weights are drawn from ``seed``; ``noise`` adds Gaussian noise (relative to each tensor's scale) drawn from
@@ -113,7 +113,7 @@ def write_tiny_gguf(path: str | Path, seed: int = 0, noise: float = 0.0, noise_s
     writer.add_bos_token_id(tokens.index("<|endoftext|>"))
     writer.add_eos_token_id(tokens.index("<|im_end|>"))
     writer.add_add_bos_token(add_bos)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    writer.add_chat_template(chat_template)
 
     writer.add_tensor("token_embd.weight", tensor(vocab, hidden, std=1.0))
     for i in range(layers):

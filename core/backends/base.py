@@ -75,9 +75,10 @@ class Backend(Protocol):
     def special_name(self, token: int) -> str | None:
         """The name of a control token (``<|im_end|>``), None for ordinary tokens: views mark such tokens."""
 
-    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
-        """Token ids of a chat (``[{"role": ..., "content": ...}]``) ready for the assistant's answer; special tokens
-        appear only where the template puts them (see :func:`plain_text_template`)."""
+    def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
+        """Token ids of a chat (``[{"role": ..., "content": ...}]``) ready for the assistant's answer, with the
+        ``tools`` it offers (OpenAI's) where the template puts them; special tokens appear only where the template
+        puts them (see :func:`plain_text_template`)."""
 
     def fingerprint(self) -> str:
         """A digest of the tokenizer (token list and special tokens) to check that two models can pair."""

@@ -113,12 +113,13 @@ class HFBackend:
     def special_name(self, token: int) -> str | None:
         return self._specials.get(int(token))
 
-    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise BackendError(f"{self.name} has no chat template")
 
         def render(masked: list[dict]) -> str:
-            return self.tokenizer.apply_chat_template(masked, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(masked, tools=list(tools) or None, add_generation_prompt=True,
+                                                      tokenize=False)
 
         return plain_text_template(messages, render, lambda markup: self._tokenize(markup, split_special=False),
                                    self.tokenize)

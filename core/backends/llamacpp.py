@@ -301,7 +301,7 @@ class LlamaCppBackend:
     def _token_text(self, token: int) -> str:
         return self._lib.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
         """The GGUF's own chat template (jinja2, rendered like llama-cpp-python and transformers), tokenized."""
         if not self.chat_template:
             raise BackendError(f"{self.name} has no chat template in its GGUF file")
@@ -312,7 +312,7 @@ class LlamaCppBackend:
             tok = int(fn(self._vocab))
             special[key] = self._token_text(tok) if tok >= 0 else ""
         formatter = Jinja2ChatFormatter(self.chat_template, add_generation_prompt=True, **special)
-        return plain_text_template(messages, lambda masked: formatter(messages=masked).prompt,
+        return plain_text_template(messages, lambda masked: formatter(messages=masked, tools=list(tools) or None).prompt,
                                    lambda markup: self._tokenize(markup, parse_special=True), self.tokenize)
 
     def fingerprint(self) -> str:

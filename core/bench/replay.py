@@ -97,7 +97,7 @@ class ScriptedTarget:
     def infill_tokens(self) -> None:
         return None
 
-    def apply_chat_template(self, messages) -> list[int]:
+    def apply_chat_template(self, messages, tools=()) -> list[int]:
         raise NotImplementedError("a scripted target decodes token ids only")
 
     def detokenize(self, ids: Sequence[int]) -> str:

@@ -27,6 +27,7 @@ from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
 from core.serve.native import NativeReply, parse_completion, parse_infill
 from core.serve.request import RequestError, ServeRequest, parse
+from core.serve.tools import sendable, split_calls
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,8 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
             while True:
                 item = await _next(items, request, cancel)
                 if isinstance(item, Delta):
-                    yield _sse(reply.delta(item))
+                    for chunk in reply.deltas(item):
+                        yield _sse(chunk)
                 elif isinstance(item, Finished):
                     _record(item)
                     for chunk in reply.closing(item):
@@ -284,7 +286,9 @@ async def _next(items: asyncio.Queue, request: Request, cancel: threading.Event)
 
 
 class _Reply:
-    """OpenAI's response shapes for one request: a chat completion or a text completion, whole or streamed."""
+    """OpenAI's response shapes for one request: a chat completion or a text completion, whole or streamed. A chat
+    that offers tools has its answer's calls cut out as ``tool_calls`` (core.serve.tools); streamed, its text goes
+    out as it comes up to where a call may begin, and the calls with the last chunks."""
 
     END = "data: [DONE]\n\n"     # what a stream ends with, after its closing chunks
 
@@ -292,6 +296,8 @@ class _Reply:
         self.req, self.model, self.chat = req, model, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
+        self.tools = frozenset(t["function"]["name"] for t in req.tools)
+        self._text, self._sent = "", 0      # a chat with tools: its answer so far, and how much of it went out
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -304,19 +310,40 @@ class _Reply:
             out["usage"] = None
         return out
 
+    def _text_chunk(self, text: str) -> dict:
+        return self._chunk({"delta": {"content": text}, "finish_reason": None} if self.chat
+                           else {"text": text, "finish_reason": None})
+
     def opening(self) -> list[dict]:
         return [self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None} if self.chat
                             else {"text": "", "finish_reason": None})]
 
-    def delta(self, delta: Delta) -> dict:
-        return self._chunk({"delta": {"content": delta.text}, "finish_reason": None} if self.chat
-                           else {"text": delta.text, "finish_reason": None})
+    def deltas(self, delta: Delta) -> list[dict]:
+        if not self.tools:
+            return [self._text_chunk(delta.text)]
+        self._text += delta.text
+        upto = sendable(self._text, self.tools)
+        if upto <= self._sent:
+            return []
+        piece, self._sent = self._text[self._sent:upto], upto
+        return [self._text_chunk(piece)]
 
     def closing(self, finished: Finished) -> list[dict]:
-        """The finish chunk, then the usage chunk when asked; llama-server's timings ride on the last one."""
-        last = self._chunk({"delta": {}, "finish_reason": finished.finish_reason} if self.chat
-                           else {"text": "", "finish_reason": finished.finish_reason})
-        chunks = [last]
+        """What was held back and the calls, the finish chunk, then the usage chunk when asked; llama-server's
+        timings ride on the last one."""
+        chunks, reason = [], finished.finish_reason
+        if self.tools:
+            content, calls = split_calls(finished.text, self.tools)
+            rest = content[self._sent:]
+            if rest.strip() or (rest and not calls):
+                chunks.append(self._text_chunk(rest))
+            if calls:
+                chunks.append(self._chunk({"delta": {"tool_calls": [c.openai(i) for i, c in enumerate(calls)]},
+                                           "finish_reason": None}))
+                reason = _called(reason)
+        last = self._chunk({"delta": {}, "finish_reason": reason} if self.chat
+                           else {"text": "", "finish_reason": reason})
+        chunks.append(last)
         if self.req.include_usage:
             chunks.append({**self._head(last["object"]), "choices": [], "usage": finished.usage})
         chunks[-1]["timings"] = finished.timings
@@ -324,11 +351,24 @@ class _Reply:
 
     def whole(self, items: list) -> dict:
         finished = items[-1]
-        choice = ({"message": {"role": "assistant", "content": finished.text}} if self.chat
-                  else {"text": finished.text})
+        reason = finished.finish_reason
+        if not self.chat:
+            choice = {"text": finished.text}
+        else:
+            content, calls = split_calls(finished.text, self.tools) if self.tools else (finished.text, [])
+            choice = {"message": {"role": "assistant", "content": content}}
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content.strip() or None,
+                                     "tool_calls": [c.openai() for c in calls]}
+                reason = _called(reason)
         return {**self._head("chat.completion" if self.chat else "text_completion"),
-                "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": finished.finish_reason}],
+                "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": reason}],
                 "usage": finished.usage, "timings": finished.timings}
+
+
+def _called(reason: str) -> str:
+    """OpenAI's finish reason for an answer that calls tools: it ended to let them run, unless it was cut short."""
+    return "tool_calls" if reason == "stop" else reason
 
 
 def _sse(payload: dict) -> str:

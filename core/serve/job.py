@@ -23,6 +23,7 @@ from core.sampling import Rng
 from core.serve.native import budget
 from core.serve.request import RequestError, ServeRequest
 from core.serve.stops import WORD, StopText
+from core.serve.tools import CLOSE, OPEN
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class ServedModels:
     def prompt_ids(self, request: ServeRequest) -> list[int]:
         """RequestError when the request fills in the middle and the model has no tokens to do it with."""
         if request.chat:
-            return self.target.apply_chat_template(list(request.messages))
+            return self._chat(request)
         if request.pieces is not None:
             return self._mixed(request.pieces)
         if request.suffix is None and request.infill is None:
@@ -117,6 +118,19 @@ class ServedModels:
                                budget(self.target.context_length, request.max_tokens))
         return infill_prompt(tokens, self.target.tokenize(request.prompt), self.target.tokenize(request.suffix))
 
+
+    def _chat(self, request: ServeRequest) -> list[int]:
+        """The chat's prompt, with the tools it offers where the model's template puts them; RequestError where the
+        template has no place for them or asks for calls in a form other than the one SpecLens reads."""
+        messages = list(request.messages)
+        ids = self.target.apply_chat_template(messages, request.tools)
+        if request.tools and ids == self.target.apply_chat_template(messages):
+            raise RequestError(f"{self.name}'s chat template has no place for tools: it cannot be offered any",
+                               param="tools")
+        if request.tools and OPEN not in self.target.detokenize(ids):
+            raise RequestError(f"{self.name}'s chat template asks for tool calls in a form SpecLens does not read "
+                               f"(it reads the Hermes and Qwen form, {OPEN}...{CLOSE})", param="tools")
+        return ids
 
     def _mixed(self, pieces: tuple[str | int, ...]) -> list[int]:
         """llama-server's reading of a prompt of token ids and texts: the texts' special-token text is those tokens,

@@ -227,9 +227,9 @@ class NativeReply:
     def opening(self) -> list[dict]:
         return []
 
-    def delta(self, delta) -> dict:
-        return {"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": 0,
-                "tokens_predicted": delta.tokens, "tokens_evaluated": self.prompt_tokens}
+    def deltas(self, delta) -> list[dict]:
+        return [{"index": 0, "content": delta.text, "tokens": [], "stop": False, "id_slot": 0,
+                 "tokens_predicted": delta.tokens, "tokens_evaluated": self.prompt_tokens}]
 
     def closing(self, finished) -> list[dict]:
         return [self._final(finished, streamed=True)]

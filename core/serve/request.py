@@ -5,7 +5,8 @@ string, its special-token text read as those tokens, as llama-server and vLLM re
 fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take
 ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
 ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the answer is
-expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``. A request for a form
+expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``. Chats take ``tools``
+and the calls and results of earlier turns (core.serve.tools). A request for a form
 (``response_format`` JSON, a grammar) or a ``logit_bias`` is refused, not ignored.
 """
 from __future__ import annotations
@@ -14,23 +15,12 @@ import math
 from dataclasses import dataclass
 
 from core.sampling import SamplingError, SamplingParams
+from core.serve.errors import RequestError
+from core.serve.tools import history_calls, offered
 
 MAX_STOPS = 4              # as OpenAI
-ROLES = ("system", "user", "assistant", "developer")
+ROLES = ("system", "user", "assistant", "developer", "tool")
 MIDDLE_MARK = "\u2038"     # where a fill-in-the-middle request's answer goes, as the window shows it
-
-
-class RequestError(Exception):
-    """A request that cannot be served, as OpenAI reports it: an HTTP status and ``{"error": {...}}``."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.message, self.status, self.param, self.code, self.kind = message, status, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -61,6 +51,7 @@ class ServeRequest:
     suffix: str | None = None       # a text completion that fills in the middle (core.backends.infill)
     infill: Infill | None = None    # llama-server's /infill (core.serve.native); max_tokens 0 only reads the prompt
     pieces: tuple[str | int, ...] | None = None   # llama-server's /completion prompt of token ids and texts
+    tools: tuple[dict, ...] = ()    # OpenAI's tools a chat offers the model (core.serve.tools)
     min_indent: int = 0             # core.serve.stops.StopText's rules
     newline_after_s: float | None = None
 
@@ -115,7 +106,16 @@ def _messages(body: dict) -> tuple[dict, ...]:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise RequestError(f"{where} needs a 'role' of {', '.join(ROLES)}", param=where)
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _text_of(m.get("content"), f"{where}.content")})
+        message = {"role": role}
+        if role == "assistant" and m.get("tool_calls"):    # a call made earlier: its text may be empty
+            message["tool_calls"] = history_calls(m["tool_calls"], f"{where}.tool_calls")
+            content = m.get("content") or ""
+        else:
+            content = m.get("content")
+        if role == "tool":
+            message["tool_call_id"] = str(m.get("tool_call_id", ""))
+        message["content"] = _text_of(content, f"{where}.content")
+        out.append(message)
     return tuple(out)
 
 
@@ -196,4 +196,5 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
             raise RequestError("'prompt' must be a non-empty string", param="prompt")
         messages = None
     return ServeRequest(model, messages, prompt, max_tokens, sampling, stop_sequences(body), stream,
-                        bool(options.get("include_usage", False)), _prediction(body), None if chat else suffix)
+                        bool(options.get("include_usage", False)), _prediction(body), None if chat else suffix,
+                        tools=offered(body) if chat else ())
