@@ -9,16 +9,21 @@ from PySide6.QtWidgets import QLabel, QListWidget, QListWidgetItem, QVBoxLayout,
 
 from app.serve_host import ServeHost
 from core.serve.job import ServedRecord
+from core.serve.tools import names, split_calls
 
 
 def describe(record: ServedRecord) -> str:
-    """One line of the Served list: when, who, how much, how fast, how much of the prediction was used."""
+    """One line of the Served list: when, who, how much, how fast, how much of the prediction was used, which tools
+    the answer called."""
     result, usage = record.finished.result, record.finished.usage
     line = (f"{time.strftime('%H:%M:%S', time.localtime(record.started_at))}  {record.client.split(' ')[0]}\n"
             f"{result.stats.new_tokens} tok · {result.stats.tokens_per_second:.1f} tok/s")
     details = usage.get("completion_tokens_details")
     if details:
         line += f" · {details['accepted_prediction_tokens']} predicted tokens used"
+    if record.request.tools:
+        _, calls = split_calls(record.finished.text, names(record.request.tools))
+        line += f" · called {', '.join(call.name for call in calls)}" if calls else ""
     if record.finished.finish_reason == "cancelled":
         line += " · cancelled"
     return line

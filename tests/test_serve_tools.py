@@ -200,6 +200,9 @@ def test_a_served_answer_that_calls_a_tool_comes_back_as_tool_calls_whole_and_st
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert plain.choices[0].message.content == script and plain.choices[0].message.tool_calls is None
     assert plain.choices[0].finish_reason == "stop"                         # no tools offered: no calls read
+    from app.serve_panel import describe                                    # the window's Served list says so
+
+    assert [describe(r).endswith(" · called get_weather") for r in recorder.records] == [True, True, False]
 
 
 def test_an_answer_that_calls_nothing_is_sent_whole_and_finishes_as_usual():

@@ -27,7 +27,7 @@ from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
 from core.serve.native import NativeReply, parse_completion, parse_infill
 from core.serve.request import RequestError, ServeRequest, parse
-from core.serve.tools import sendable, split_calls
+from core.serve.tools import names, sendable, split_calls
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ class _Reply:
         self.req, self.model, self.chat = req, model, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.tools = frozenset(t["function"]["name"] for t in req.tools)
+        self.tools = names(req.tools)
         self._text, self._sent = "", 0      # a chat with tools: its answer so far, and how much of it went out
 
     def _head(self, obj: str) -> dict:

@@ -57,6 +57,11 @@ def offered(body: dict) -> tuple[dict, ...]:
     return tuple(out)
 
 
+def names(tools: tuple[dict, ...]) -> frozenset[str]:
+    """The names of the tools offered (:func:`offered`): what a call must name to be read as one."""
+    return frozenset(tool["function"]["name"] for tool in tools)
+
+
 def history_calls(calls, where: str) -> list[dict]:
     """An assistant message's earlier ``tool_calls`` as a chat template renders them: the arguments as an object, as
     llama-server and transformers give them to Qwen's and Hermes' templates (a string would be rendered quoted)."""
