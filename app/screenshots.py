@@ -149,6 +149,7 @@ SCENES: dict[str, Callable[[SceneContext], object]] = {
     "learn": _viz_scene("learn"),
     "serve": _viz_scene("serve"),
     "serve-infill": _viz_scene("serve_infill"),
+    "serve-tools": _viz_scene("serve_tools"),
     "race-endpoint": _viz_scene("race_endpoint"),
 }
 

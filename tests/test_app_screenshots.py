@@ -38,9 +38,10 @@ def test_screenshot_command_writes_each_scene(qapp, data_dir, tmp_path, capsys):
     assert not any(data_dir.glob("*")) if data_dir.exists() else True  # scenes never touch the user's data
 
 
-def test_a_scene_the_pair_cannot_show_says_why_at_once(qapp, data_dir, tmp_path, capsys):
-    assert main(["--scene", "serve-infill", "--out", str(tmp_path), "--pair", "tiny", "--timeout", "120"]) == 2
-    assert "fill-in-the-middle" in capsys.readouterr().err
+@pytest.mark.parametrize("scene, why", [("serve-infill", "fill-in-the-middle"), ("serve-tools", "no place for tools")])
+def test_a_scene_the_pair_cannot_show_says_why_at_once(qapp, data_dir, tmp_path, capsys, scene, why):
+    assert main(["--scene", scene, "--out", str(tmp_path), "--pair", "tiny", "--timeout", "120"]) == 2
+    assert why in capsys.readouterr().err
 
 
 def test_screenshot_command_rejects_unknown_scenes(capsys):

@@ -164,7 +164,7 @@ def scene_learn(ctx) -> QWidget:
     return panel
 
 
-def _edit_request(ctx, window) -> None:
+def _edit_request(ctx, window, listed) -> None:
     """An editor's fast-apply request to the window's server: the function to edit, and itself as the prediction."""
     import threading
 
@@ -181,10 +181,10 @@ def _edit_request(ctx, window) -> None:
             prediction={"type": "content", "content": f"```python\n{code}```"}))
 
     threading.Thread(target=ask, daemon=True).start()
-    ctx.wait_until(lambda: bool(done) and window.served_list.list.count() > 0, "the served request")
+    ctx.wait_until(lambda: bool(done) and listed(1), "the served request")
 
 
-def _infill_requests(ctx, window) -> None:
+def _infill_requests(ctx, window, listed) -> None:
     """An editor plugin's completions at the cursor through llama-server's /infill, as llama.vim asks: the first,
     then another once the user has typed the start of the suggestion (drafted from the answer before)."""
     import threading
@@ -212,24 +212,52 @@ def _infill_requests(ctx, window) -> None:
             typed += done[-1]["content"][:12]
 
     threading.Thread(target=ask, daemon=True).start()
-    ctx.wait_until(lambda: refused or (len(done) == 2 and window.served_list.list.count() > 1),
+    ctx.wait_until(lambda: refused or (len(done) == 2 and listed(2)),
                    "the served completions")
     if refused:
         raise ValueError(refused[0])
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def _tool_request(ctx, window, listed) -> None:
+    """An agent's turn that offers a tool, answered with a call to it (the default pair's template offers tools)."""
+    import threading
+
+    import httpx
+
+    answers: list = []
+
+    def ask() -> None:
+        answers.append(httpx.post(f"{window.serve.host.url}/chat/completions", timeout=600, json={
+            "messages": [{"role": "user", "content": "What's the weather in Paris? Use the tool."}],
+            "tools": [WEATHER_TOOL], "temperature": 0, "max_tokens": 80}))
+
+    threading.Thread(target=ask, daemon=True).start()
+    ctx.wait_until(lambda: answers and (answers[0].status_code != 200 or listed(1)),
+                   "the served request")
+    if answers[0].status_code != 200:     # the tiny pair, say: its template has no place for tools
+        raise ValueError(answers[0].json()["error"]["message"])
+
+
 def _serving(ctx, ask) -> QWidget:
-    """The window serving an editor's requests (``ask``), decoded live on the chat's models, the last one opened
-    from the Served list, the status bar saying where SpecLens listens."""
+    """The window serving an editor's requests (``ask(ctx, window, listed)``, ``listed(n)`` saying whether n more
+    are listed since it began), decoded live on the chat's models, the last one opened from the Served list, the
+    status bar saying where SpecLens listens."""
     from core.endpoints.llama_server import free_port
 
     window = ctx.window()
     warm_up(window.session.backends)
-    window.apply_settings(replace(window.settings, serve_port=free_port()))
-    window.serve_action.trigger()
-    if not window.serve.running:
-        raise ValueError("Serve did not start")
-    ask(ctx, window)
+    if not window.serve.running:        # a scene before this one in the same run may have switched it on
+        window.apply_settings(replace(window.settings, serve_port=free_port()))
+        window.serve_action.trigger()
+        if not window.serve.running:
+            raise ValueError("Serve did not start")
+    before = window.served_list.list.count()
+    ask(ctx, window, lambda n: window.served_list.list.count() >= before + n)
     window.served_list.list.setCurrentRow(0)
     window.open_served(window.serve.host.monitor.records[-1])   # as a click on it does
     return window
@@ -243,6 +271,12 @@ def scene_serve(ctx) -> QWidget:
 def scene_serve_infill(ctx) -> QWidget:
     """Completion at the cursor through /infill (the default pair: the tiny one has no fill-in-the-middle tokens)."""
     return _serving(ctx, _infill_requests)
+
+
+def scene_serve_tools(ctx) -> QWidget:
+    """An agent's request with a tool, its answer returned as a call (the default pair: the tiny one's template has
+    no place for tools)."""
+    return _serving(ctx, _tool_request)
 
 
 def scene_race_endpoint(ctx) -> QWidget:

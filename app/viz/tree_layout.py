@@ -44,7 +44,9 @@ def visible_token(text: str, limit: int = MAX_LABEL) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "\u2026"
 
 
-END_MARK = "\u23f9"   # a control token (end of text) is drawn as a marked box, never as its name's text
+# a control token (end of text) is drawn as a marked box, never as its name's text; a square every font has (the stop
+# sign, U+23F9, is missing from DejaVu, the one font of a bare Linux desktop, and drew as a blank box there)
+END_MARK = "\u25a0"
 
 
 def token_label(text: str, special: str = "", limit: int = MAX_LABEL) -> str:

@@ -182,7 +182,8 @@ def _native(body: dict, context_length: int, endpoint: str, prompt: str | None =
     request = ServeRequest(
         model=_string(body, "model"), messages=None, prompt=prompt, max_tokens=None if limit < 0 else limit,
         sampling=sampling, stop=stop_sequences(body, MAX_STOPS), stream=stream, include_usage=False, prediction=None,
-        infill=infill, pieces=pieces, min_indent=min_indent, newline_after_s=newline_ms / 1000 if newline_ms > 0 else None)
+        infill=infill, pieces=pieces, min_indent=min_indent,
+        newline_after_s=newline_ms / 1000 if newline_ms > 0 else None)
     for sampler in ignored:
         if sampler not in _warned:
             _warned.add(sampler)
@@ -214,8 +215,9 @@ def only(whole: dict, fields: tuple[str, ...]) -> dict:
 
 
 class NativeReply:
-    """llama-server's answer shapes for one ``/infill`` or ``/completion`` request (``started``: core.serve.job.Started): whole, or
-    streamed as a chunk a delta and the whole answer, its text already sent, to end."""
+    """llama-server's answer shapes for one ``/infill`` or ``/completion`` request (``started``:
+    core.serve.job.Started): whole, or streamed as a chunk a delta and the whole answer, its text already sent, to
+    end."""
 
     END = ""     # llama-server's own stream ends with its last chunk
 
