@@ -79,13 +79,16 @@ def test_streamed_and_whole_answers_are_the_same_greedy_text(server):
                             "draft_n_verif_steps"}
 
 
-def test_text_completions_and_the_model_list(server):
+def test_text_completions_and_the_model_list(server, models):
     url, _, _ = server
     c = client(url)
     assert [m.id for m in c.models.list().data] == ["tiny"]
     out = c.completions.create(model="tiny", prompt="Once upon", max_tokens=8, temperature=0)
     assert out.object == "text_completion" and out.usage.completion_tokens == len(out.choices) * 8
     assert isinstance(out.choices[0].text, str)
+    ids = models.target.tokenize_special("Once upon")                 # the same prompt as token ids
+    same = c.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0)
+    assert same.choices[0].text == out.choices[0].text and same.usage.prompt_tokens == out.usage.prompt_tokens
 
 
 def test_a_suffix_is_filled_in_the_middle_with_the_models_own_tokens():
@@ -374,6 +377,12 @@ def test_requests_are_read_as_openai_defines_them():
     assert infill.suffix == "):" and infill.text == "def f(\u2038):"          # as the window shows it
     assert parse({"prompt": "x"}, False, 100).text == "x"
     assert parse({"prompt": "x", "response_format": {"type": "text"}, "logit_bias": {}}, False, 100).prompt == "x"
+    ids = parse({"prompt": [[5, 6]]}, False, 100)                   # token ids, OpenAI's other form of a prompt
+    assert ids.pieces == (5, 6) and ids.prompt is None
+    for bad in ({"prompt": [5, 6], "suffix": "x"}, {"prompt": ["a", "b"]}, {"prompt": None}):
+        with pytest.raises(RequestError) as info:
+            parse(bad, False, 100)
+        assert info.value.param in ("prompt", "suffix")
     with pytest.raises(RequestError) as info:
         parse({"prompt": ""}, False, 100)
     assert info.value.param == "prompt"

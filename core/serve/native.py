@@ -26,7 +26,8 @@ import logging
 
 from core.backends.infill import Budget
 from core.sampling import MAX_TEMPERATURE, SamplingError, SamplingParams
-from core.serve.request import Infill, RequestError, ServeRequest, number, refuse_forms, stop_sequences
+from core.serve.request import (Infill, RequestError, ServeRequest, number, prompt_of, refuse_forms,
+                                stop_sequences)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def parse_infill(body, context_length: int) -> tuple[ServeRequest, tuple[str, ..
 def parse_completion(body, context_length: int) -> tuple[ServeRequest, tuple[str, ...], list[str]]:
     """The ``/completion`` request in ``body``, as :func:`parse_infill` reads an ``/infill`` one."""
     body = _object(body)
-    prompt = _prompt(body)
+    prompt = prompt_of(body)
     if isinstance(prompt, str):
         return _native(body, context_length, "/completion", prompt=prompt)
     return _native(body, context_length, "/completion", pieces=prompt)
@@ -138,26 +139,6 @@ def _object(body) -> dict:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     return body
-
-
-def _token(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _prompt(body: dict) -> str | tuple[str | int, ...]:
-    """``prompt`` as text, or as a list of token ids and texts (llama-server's mixed prompt, one prompt)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]      # a list of one prompt
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(_token(p) or isinstance(p, str) for p in prompt) and (
-            any(_token(p) for p in prompt)):
-        return tuple(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise RequestError(f"'prompt' holds {len(prompt)} prompts: SpecLens answers one per request (one engine "
-                           "decodes one answer at a time); send them one after another", param="prompt")
-    raise RequestError("'prompt' must be given: text, a list of token ids, or a list mixing both", param="prompt")
 
 
 def _native(body: dict, context_length: int, endpoint: str, prompt: str | None = None,

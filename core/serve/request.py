@@ -1,7 +1,7 @@
 """An OpenAI request, checked and turned into what the engine needs; every refusal in OpenAI's error shape.
 
 Chat completions take ``messages`` (text content, or a list of text parts); text completions take ``prompt`` (a
-string, its special-token text read as those tokens, as llama-server and vLLM read it) and ``suffix`` (an editor's
+string, its special-token text read as those tokens, as llama-server and vLLM read it, or token ids) and ``suffix`` (an editor's
 fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take
 ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
 ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the answer is
@@ -143,6 +143,27 @@ def refuse_forms(body: dict) -> None:
                                param=name)
 
 
+def _token(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def prompt_of(body: dict) -> str | tuple[str | int, ...]:
+    """A text completion's ``prompt`` as text, or as token ids (OpenAI's other form), or as token ids and texts mixed
+    (llama-server's): one prompt, given alone or as a list of one."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]      # a list of one prompt
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_token(p) or isinstance(p, str) for p in prompt) and (
+            any(_token(p) for p in prompt)):
+        return tuple(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise RequestError(f"'prompt' holds {len(prompt)} prompts: SpecLens answers one per request (one engine "
+                           "decodes one answer at a time); send them one after another", param="prompt")
+    raise RequestError("'prompt' must be given: text, a list of token ids, or a list mixing both", param="prompt")
+
+
 def _prediction(body: dict) -> str | None:
     prediction = body.get("prediction")
     if prediction is None:
@@ -185,16 +206,17 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
     if chat:
         messages, prompt = _messages(body), None
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
+        prompt = prompt_of(body)
         suffix = body.get("suffix")
         if suffix is not None and not isinstance(suffix, str):
             raise RequestError("'suffix' must be a string", param="suffix")
+        if not isinstance(prompt, str) and suffix is not None:
+            raise RequestError("a 'suffix' needs the prompt as text", param="suffix")
         # filling in the middle, the cursor may be at the file's start
-        if not isinstance(prompt, str) or not (prompt or suffix):
+        if prompt == "" and not suffix:
             raise RequestError("'prompt' must be a non-empty string", param="prompt")
         messages = None
-    return ServeRequest(model, messages, prompt, max_tokens, sampling, stop_sequences(body), stream,
-                        bool(options.get("include_usage", False)), _prediction(body), None if chat else suffix,
-                        tools=offered(body) if chat else ())
+    pieces = None if chat or isinstance(prompt, str) else prompt
+    return ServeRequest(model, messages, None if pieces else prompt, max_tokens, sampling, stop_sequences(body),
+                        stream, bool(options.get("include_usage", False)), _prediction(body),
+                        None if chat else suffix, tools=offered(body) if chat else (), pieces=pieces)
