@@ -2,8 +2,9 @@
 and the history of calls and their results that a request sends back.
 
 The model learns of the tools from its own chat template (Qwen2.5's, Qwen3's and Hermes' put them in the system
-prompt) and calls one by writing ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; the answer's text is
-cut at those blocks into OpenAI's ``tool_calls``. Nothing here touches sampling: the tokens are the model's own, drafted
+prompt) and calls one by writing ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (or, a small model, the
+same object in a json fence or alone: :func:`scan`); the answer's text is cut at those blocks into OpenAI's
+``tool_calls``. Nothing here touches sampling: the tokens are the model's own, drafted
 and verified as any answer's, so the output keeps exactly the target's distribution. A model is never made to call a
 tool (``tool_choice`` "required" or a named function is refused): that needs constrained decoding, which SpecLens does
 not do.
