@@ -5,7 +5,8 @@
 
 Any OpenAI client works: ``OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="KEY or anything")``. A request's
 ``prediction`` (the text the answer is expected to repeat, e.g. the file being edited) is drafted from losslessly.
-Editor plugins made for llama-server (llama.vim, llama.vscode) complete at the cursor through its own ``/infill``.
+Agents offer ``tools`` and get ``tool_calls`` back. Clients made for llama-server work through its own endpoints:
+``/infill`` (llama.vim, llama.vscode, completing at the cursor) and ``/completion`` (Continue's llama.cpp provider).
 """
 from __future__ import annotations
 
