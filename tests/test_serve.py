@@ -242,6 +242,26 @@ def test_a_disconnected_client_cancels_its_generation(server):
     assert chat(url, max_tokens=3).usage.completion_tokens == 3
 
 
+def test_a_chat_for_no_tokens_only_reads_its_prompt_as_llama_vim_warms_up(server):
+    """llama.vim's instruction mode sends its chat with ``n_predict: 0`` while the user types the instruction: the
+    prompt is read into the cache and nothing is decoded, so the real request that follows starts from it."""
+    url, _, recorder = server
+    recorder.settled()
+    before = recorder.steps
+    messages = [{"role": "system", "content": "Edit the selection. " * 8}, *ASK]
+    warm = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "messages": messages, "samplers": [], "n_predict": 0, "stream": False, "cache_prompt": True,
+        "response_fields": [""]})
+    assert warm.status_code == 200, warm.text
+    body = warm.json()
+    assert body["choices"][0]["message"]["content"] == "" and body["usage"]["completion_tokens"] == 0
+    recorder.settled()
+    assert recorder.steps == before                                  # nothing decoded
+    answer = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "messages": messages, "max_tokens": 4, "temperature": 0}).json()
+    assert answer["timings"]["cache_n"] == body["usage"]["prompt_tokens"] - 2     # all a prefill may keep
+
+
 def test_concurrent_clients_are_served_one_after_another_in_order(server):
     url, _, recorder = server
     recorder.settled()      # the test before may still be hearing of its last end
@@ -377,6 +397,11 @@ def test_requests_are_read_as_openai_defines_them():
     assert infill.suffix == "):" and infill.text == "def f(\u2038):"          # as the window shows it
     assert parse({"prompt": "x"}, False, 100).text == "x"
     assert parse({"prompt": "x", "response_format": {"type": "text"}, "logit_bias": {}}, False, 100).prompt == "x"
+    chat_of = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse({**chat_of, "n_predict": 5}, True, 100).max_tokens == 5                  # llama-server's name
+    assert parse({**chat_of, "n_predict": 5, "max_tokens": 7}, True, 100).max_tokens == 7
+    assert parse({**chat_of, "n_predict": -1}, True, 100).max_tokens is None
+    assert parse({**chat_of, "n_predict": 0}, True, 100).max_tokens == 0                  # only read the prompt
     ids = parse({"prompt": [[5, 6]]}, False, 100)                   # token ids, OpenAI's other form of a prompt
     assert ids.pieces == (5, 6) and ids.prompt is None
     for bad in ({"prompt": [5, 6], "suffix": "x"}, {"prompt": ["a", "b"]}, {"prompt": None}):

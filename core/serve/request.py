@@ -5,7 +5,8 @@ string, its special-token text read as those tokens, as llama-server and vLLM re
 fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take
 ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
 ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the answer is
-expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos``. Chats take ``tools``
+expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos`` and llama-server's
+``n_predict``. Chats take ``tools``
 and the calls and results of earlier turns (core.serve.tools). A request for a form
 (``response_format`` JSON, a grammar) or a ``logit_bias`` is refused, not ignored.
 """
@@ -173,6 +174,17 @@ def _prediction(body: dict) -> str | None:
     return _text_of(prediction.get("content"), "prediction.content")
 
 
+def _limit(body: dict, context_length: int) -> int | None:
+    """How many tokens may be generated: OpenAI's ``max_completion_tokens`` or ``max_tokens``, else llama-server's
+    ``n_predict``, which its own clients send here too (-1: no limit; 0: only read the prompt into the cache, as
+    llama.vim does to warm up while its user types an instruction)."""
+    if "max_completion_tokens" in body or "max_tokens" in body:
+        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        return number(body, name, None, 1, context_length, integer=True)
+    limit = number(body, "n_predict", -1, -1, context_length, integer=True)
+    return None if limit < 0 else limit
+
+
 def parse(body, chat: bool, context_length: int) -> ServeRequest:
     """The request in ``body`` (parsed JSON) for a chat (``chat``) or text completion; RequestError if unusable."""
     if not isinstance(body, dict):
@@ -183,9 +195,7 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
         raise RequestError("'model' must be a string", param="model")
     if number(body, "n", 1, 1, 128, integer=True) != 1:
         raise RequestError("only n=1 is supported: one engine decodes one answer at a time", param="n")
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = number({name: limit}, name, None, 1, context_length, integer=True)
+    max_tokens = _limit(body, context_length)
     min_tokens = number(body, "min_tokens", 0, 0, context_length, integer=True)
     if body.get("ignore_eos") is True:
         min_tokens = max_tokens or context_length
