@@ -1,14 +1,13 @@
 """An OpenAI request, checked and turned into what the engine needs; every refusal in OpenAI's error shape.
 
 Chat completions take ``messages`` (text content, or a list of text parts); text completions take ``prompt`` (a
-string, its special-token text read as those tokens, as llama-server and vLLM read it, or token ids) and ``suffix`` (an editor's
-fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take
+string, its special-token text read as those tokens, as llama-server and vLLM read it, or token ids) and ``suffix``
+(an editor's fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take
 ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
 ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the answer is
 expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos`` and llama-server's
-``n_predict``. Chats take ``tools``
-and the calls and results of earlier turns (core.serve.tools). A request for a form
-(``response_format`` JSON, a grammar) or a ``logit_bias`` is refused, not ignored.
+``n_predict``. Chats take ``tools`` and the calls and results of earlier turns (core.serve.tools). A request for a
+form (``response_format`` JSON, a grammar) or a ``logit_bias`` is refused, not ignored.
 """
 from __future__ import annotations
 
