@@ -118,7 +118,8 @@ def test_mismatched_tokenizers_are_refused() -> None:
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
     (dict(temperature=1e6), "absurd"), (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(seed=-3), "seed"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(seed=-3), "seed"), (dict(min_p=1.0), "min_p"),
+    (dict(min_p=-0.1), "min_p"),
 ])
 def test_bad_sampling_values(kwargs, needle) -> None:
     with pytest.raises(SamplingError, match=needle):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import core.bench as bench
 import core.endpoints.llama_server as ls
@@ -61,9 +62,47 @@ def test_requests_sample_as_speclens_does():
     assert body["prompt"] == [5, 6] and body["n_predict"] == 32 and body["seed"] == 3
     # llama-server's own defaults (top-k 40, top-p 0.95, min-p 0.05) would sample another distribution
     assert (body["temperature"], body["top_k"], body["top_p"], body["min_p"]) == (0.7, 0, 0.9, 0.0)
-    assert body["samplers"] == ["temperature", "top_k", "top_p"]
+    assert body["samplers"] == ["min_p", "temperature", "top_k", "top_p"]
     assert body["cache_prompt"] is False and body["ignore_eos"] is False
     assert completion_body([1], 8, SamplingParams(min_tokens=8))["ignore_eos"] is True
+    assert completion_body([1], 8, SamplingParams(temperature=0.5, min_p=0.1))["min_p"] == 0.1
+
+
+@pytest.mark.llama_server
+def test_llama_server_asked_as_speclens_samples_from_speclens_distribution(binary, tmp_path):
+    """What the bench and the race ask llama-server for is SpecLens's own distribution: its probabilities after
+    sampling (``post_sampling_probs``) for the first token are ``logits_to_probs`` of the same file's logits, with
+    min-p, temperature, top-k and top-p; llama-server's default chain, asked for nothing, samples another."""
+    import httpx
+
+    from core.backends.llamacpp import LlamaCppBackend
+    from core.sampling import logits_to_probs
+
+    path = write_tiny_gguf(tmp_path / "flat.gguf", seed=3, context=512, weight_std=0.05)
+    prompt = [5, 17, 33, 8]
+    logits = LlamaCppBackend(path, n_ctx=512, n_threads=1).prefill(prompt).double()
+    settings = [SamplingParams(temperature=0.7, min_p=0.5), SamplingParams(temperature=1.5, top_k=5, top_p=0.8,
+                                                                           min_p=0.1),
+                SamplingParams(temperature=0.5, top_p=0.9), SamplingParams(temperature=2.0, min_p=0.3)]
+    with LlamaServer(path, threads=1, context=512) as server:
+        def after_sampling(body: dict) -> dict[int, float]:
+            # llama-server reports no probabilities with a token that is part of a character: draw again (any seed
+            # reports the same distribution)
+            for seed in range(50):
+                answer = httpx.post(f"{server.url}/completion", timeout=60, json={
+                    **body, "seed": seed, "n_probs": 20, "post_sampling_probs": True}).json()
+                if answer.get("completion_probabilities"):
+                    top = answer["completion_probabilities"][0]["top_probs"]
+                    return {d["id"]: d["prob"] for d in top if d["prob"] > 0}
+            raise AssertionError("llama-server never reported the probabilities")
+
+        for params in settings:
+            ours = logits_to_probs(logits, params)
+            theirs = after_sampling(completion_body(prompt, 1, params))
+            assert set(theirs) == {int(i) for i in torch.nonzero(ours)} and 1 < len(theirs) < 20, params
+            assert max(abs(p - float(ours[i])) for i, p in theirs.items()) < 1e-5, params
+        default = after_sampling({"prompt": prompt, "n_predict": 1, "temperature": 0.7})
+        assert max(abs(p - float(logits_to_probs(logits, settings[0])[i])) for i, p in default.items()) > 1e-3
 
 
 @pytest.mark.llama_server

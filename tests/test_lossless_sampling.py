@@ -29,17 +29,18 @@ STRATEGIES = [
     ("sequoia-like", Tree((-1, -1, -1, 0, 0, 1, 3), "without_replacement")),
     ("wide-iid", Tree((-1, -1, -1, -1, 0, 1), "iid")),
 ]
-SETTINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)]
+SETTINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9),
+            SamplingParams(temperature=0.9, min_p=0.3)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,strategy", STRATEGIES, ids=[n for n, _ in STRATEGIES])
-@pytest.mark.parametrize("params", SETTINGS, ids=["t1.0", "t0.7-p0.9"])
+@pytest.mark.parametrize("params", SETTINGS, ids=["t1.0", "t0.7-p0.9", "t0.9-m0.3"])
 def test_first_two_tokens_match_target(pair, name, strategy, params) -> None:
     target, draft = pair
     counts = sampled_joint(target, draft, strategy, params)
     p = chi_square_p(counts, exact_joint(target, params))
-    print(f"\nchi-square {name} T={params.temperature} top_p={params.top_p}: p = {p:.4f} (N={N})")
+    print(f"\nchi-square {name} T={params.temperature} top_p={params.top_p} min_p={params.min_p}: p = {p:.4f} (N={N})")
     assert p > ALPHA, f"{name}: speculative samples differ from the target's distribution (p = {p:.2e})"
 
 

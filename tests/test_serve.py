@@ -391,6 +391,9 @@ def test_requests_are_read_as_openai_defines_them():
                 chat=True, context_length=100)
     assert req.messages == ({"role": "system", "content": "ab"},) and req.max_tokens == 7
     assert req.sampling.top_p == 0.5 and req.sampling.seed == 3 and req.sampling.temperature == 1.0
+    assert (req.sampling.top_k, req.sampling.min_p) == (0, 0.0)
+    extra = parse({"prompt": "x", "top_k": 20, "min_p": 0.1}, False, 100).sampling       # vLLM's extra fields
+    assert (extra.top_k, extra.min_p) == (20, 0.1) and parse({"prompt": "x", "top_k": -1}, False, 100).sampling.top_k == 0
     assert req.stop == ("\n",) and req.prediction == "pred"
     assert parse({"prompt": "x", "ignore_eos": True, "max_tokens": 9}, False, 100).sampling.min_tokens == 9
     infill = parse({"prompt": "def f(", "suffix": "):"}, False, 100)

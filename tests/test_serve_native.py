@@ -99,15 +99,19 @@ def test_the_earliest_rule_ends_the_answer_and_says_which():
 # -- the request -------------------------------------------------------------------------------------------------
 def test_sampling_follows_llama_servers_defaults_and_sampler_chain_and_names_what_it_cannot_apply():
     default, _, ignored = parse_infill({}, 4096)
-    assert (default.sampling.temperature, default.sampling.top_k, default.sampling.top_p) == (0.8, 40, 0.95)
-    assert ignored == ["min_p"] and parse_infill({"min_p": 0}, 4096)[2] == []     # its default chain has min-p
+    s = default.sampling
+    assert (s.temperature, s.top_k, s.top_p, s.min_p) == (0.8, 40, 0.95, 0.05) and ignored == []
+    assert parse_infill({"min_p": 0.2}, 4096)[0].sampling.min_p == 0.2
+    assert parse_infill({"min_p": 1}, 4096)[0].sampling.min_p < 1               # only the likeliest, as there
     vim, _, ignored = parse_infill({"samplers": ["top_k", "top_p", "infill"], "top_k": 40, "top_p": 0.9}, 4096)
-    assert (vim.sampling.temperature, vim.sampling.top_k, vim.sampling.top_p) == (1.0, 40, 0.9)   # no temperature
-    assert ignored == ["infill"]
-    sampled, _, ignored = parse_infill({"temperature": 0.5, "min_p": 0.1, "samplers": "kti"}, 4096)
-    assert sampled.sampling.top_p == 1.0 and sampled.sampling.top_k == 40 and ignored == ["infill", "min_p"]
-    greedy, _, ignored = parse_infill({"temperature": -1, "min_p": 0.1, "samplers": "kti"}, 4096)
-    assert greedy.sampling.greedy and ignored == ["infill"]      # min-p never drops the likeliest token
+    s = vim.sampling                                                            # no temperature, no min-p
+    assert (s.temperature, s.top_k, s.top_p, s.min_p) == (1.0, 40, 0.9, 0.0) and ignored == ["infill"]
+    sampled, _, ignored = parse_infill({"temperature": 0.5, "min_p": 0.1, "samplers": "kmti", "typical_p": 0.9},
+                                       4096)
+    s = sampled.sampling
+    assert (s.top_p, s.top_k, s.min_p) == (1.0, 40, 0.1) and ignored == ["infill", "typical_p"]
+    greedy, _, ignored = parse_infill({"temperature": -1, "typical_p": 0.9, "samplers": "kti"}, 4096)
+    assert greedy.sampling.greedy and ignored == ["infill"]      # typical-p never drops the likeliest token
     seeded, _, _ = parse_infill({"seed": 7, "temperature": 0.5}, 4096)
     assert seeded.sampling.seed == 7 and parse_infill({"seed": -1}, 4096)[0].sampling.seed is None
 
@@ -152,9 +156,9 @@ def test_what_completion_shares_with_infill_it_reads_the_same_way():
     from dataclasses import replace
 
     shared = {"n_predict": 9, "stop": ["\n\n"], "n_indent": 2, "t_max_predict_ms": 250, "temperature": 0.3,
-              "samplers": ["top_k", "temperature"], "min_p": 0.1, "seed": 3, "response_fields": ["content"]}
+              "samplers": ["top_k", "temperature"], "typical_p": 0.5, "seed": 3, "response_fields": ["content"]}
     completion, infill = parse_completion({"prompt": "x", **shared}, 4096), parse_infill(shared, 4096)
-    assert completion[1:] == infill[1:] == (("content",), ["min_p"])
+    assert completion[1:] == infill[1:] == (("content",), ["typical_p"])
     assert replace(completion[0], prompt=None) == replace(infill[0], infill=None)
     with pytest.raises(RequestError) as refused:
         parse_completion({"prompt": "x", "grammar": "root ::= [a-z]+"}, 4096)

@@ -108,11 +108,12 @@ PARAMS = [
     SamplingParams(temperature=1.0),
     SamplingParams(temperature=0.7, top_p=0.9),
     SamplingParams(temperature=1.3, top_k=2),
+    SamplingParams(temperature=0.8, min_p=0.5),
 ]
 
 
 @pytest.mark.parametrize("name,strategy", END_TO_END, ids=[n for n, _ in END_TO_END])
-@pytest.mark.parametrize("params", PARAMS, ids=["t1", "t0.7-p0.9", "t1.3-k2"])
+@pytest.mark.parametrize("params", PARAMS, ids=["t1", "t0.7-p0.9", "t1.3-k2", "t0.8-m0.5"])
 def test_engine_two_token_joint_exact(name: str, strategy, params: SamplingParams) -> None:
     vocab = 3
     target = TableBackend(random_table(vocab, seed=1), vocab, "target")
@@ -145,7 +146,8 @@ def test_broken_verifier_is_caught(monkeypatch) -> None:
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7),
                                     SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3, top_k=3),
-                                    SamplingParams(temperature=0.0)], ids=["t1", "t0.7", "t0.7-p0.9", "t1.3-k3", "greedy"])
+                                    SamplingParams(temperature=0.5, min_p=0.2), SamplingParams(temperature=0.0)],
+                         ids=["t1", "t0.7", "t0.7-p0.9", "t1.3-k3", "t0.5-m0.2", "greedy"])
 def test_a_read_probability_is_the_distribution_entry(params: SamplingParams) -> None:
     """``token_probability`` (what the engine gives the verifier as ``target_prob``) is the entry of the processed
     distribution, with or without filters, in float64 and in float32."""
@@ -155,3 +157,22 @@ def test_a_read_probability_is_the_distribution_entry(params: SamplingParams) ->
         probs = logits_to_probs(logits, params)
         for token in range(50):
             assert abs(token_probability(logits, token, params) - float(probs[token])) < tol
+
+
+def test_min_p_keeps_what_llama_cpps_min_p_keeps_whatever_the_temperature() -> None:
+    """Min-p compares raw logits, as llama.cpp's sampler does before temperature in its default chain: a token is kept
+    when it is at least ``min_p`` times as likely as the likeliest at temperature 1, at any temperature; a greedy
+    answer is unchanged; filtered, the rest is the tempered softmax of what is kept."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(40, generator=gen, dtype=torch.float64) * 2
+    kept = torch.softmax(logits, -1) >= 0.3 * torch.softmax(logits, -1).max()
+    assert 1 < int(kept.sum()) < 40
+    for temperature in (0.3, 1.0, 1.7):
+        probs = logits_to_probs(logits, SamplingParams(temperature=temperature, min_p=0.3))
+        assert torch.equal(probs > 0, kept)
+        expected = torch.softmax(torch.where(kept, logits / temperature, torch.tensor(float("-inf"))), -1)
+        assert float((probs - expected).abs().max()) < 1e-12
+    greedy = SamplingParams(temperature=0.0, min_p=0.9)
+    assert torch.equal(logits_to_probs(logits, greedy), logits_to_probs(logits, SamplingParams(temperature=0.0)))
+    assert SamplingParams(min_p=0.3).distribution_key != SamplingParams().distribution_key
+    assert "min_p" not in SamplingParams().distribution_key          # the keys of answers kept before min-p stand

@@ -80,7 +80,7 @@ class NativeRunner:
         t0 = time.perf_counter()
         first = None
         for token in self.llm.generate(prompt_ids, temp=sampling.temperature, top_k=sampling.top_k,
-                                       top_p=sampling.top_p, min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
+                                       top_p=sampling.top_p, min_p=sampling.min_p, typical_p=1.0, repeat_penalty=1.0,
                                        reset=True):
             if first is None:
                 first = time.perf_counter() - t0

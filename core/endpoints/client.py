@@ -20,7 +20,7 @@ import httpx
 import openai
 
 from core.endpoints import spec_stats
-from core.endpoints.llama_server import sampling_fields
+from core.endpoints.llama_server import chain_fields, sampling_fields
 from core.endpoints.spec_stats import SpecStats
 from core.events import GenerationResult, GenerationStats, Origin, StepEvent, StopReason
 from core.sampling import SamplingParams
@@ -137,11 +137,11 @@ def _extra_body(engine: str, sampling: SamplingParams, max_new_tokens: int, pred
     if engine == spec_stats.SGLANG:
         body["return_spec_tokens_details"] = True
     if engine == spec_stats.LLAMA_CPP:   # its defaults add top-k 40, top-p 0.95 and min-p 0.05
-        body.update(top_k=sampling.top_k, min_p=0.0, samplers=["temperature", "top_k", "top_p"])
+        body.update(chain_fields(sampling))
         if sampling.min_tokens:   # it has no min_tokens, only "never stop at end-of-text"
             body["ignore_eos"] = sampling.min_tokens >= max_new_tokens
-    elif sampling.top_k:
-        body["top_k"] = sampling.top_k
+    else:                         # vLLM's and SGLang's extra sampling fields
+        body.update({name: value for name, value in (("top_k", sampling.top_k), ("min_p", sampling.min_p)) if value})
     if sampling.min_tokens and engine != spec_stats.LLAMA_CPP:
         body["min_tokens"] = sampling.min_tokens
     if prediction is not None:

@@ -68,13 +68,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# llama-server's sampler chain that samples as SpecLens does: min-p on the raw logits, then temperature, then top-k and
+# top-p on the tempered distribution, nothing else (its own default chain adds top-k 40, top-p 0.95 and min-p 0.05)
+SAMPLERS = ["min_p", "temperature", "top_k", "top_p"]
+
+
+def chain_fields(sampling: SamplingParams) -> dict:
+    """The sampler fields of a request to llama-server that make it sample from SpecLens's distribution."""
+    return {"top_k": sampling.top_k, "min_p": sampling.min_p, "samplers": SAMPLERS}
+
+
 def sampling_fields(max_new_tokens: int, sampling: SamplingParams) -> dict:
     """The fields of a request to llama-server's own endpoints (/completion, /infill) that make it sample as SpecLens
-    does: temperature, then top-k and top-p on the tempered distribution, nothing else (llama-server's defaults add
-    top-k 40, top-p 0.95 and min-p 0.05)."""
-    fields = {"n_predict": max_new_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
-              "top_p": sampling.top_p, "min_p": 0.0, "samplers": ["temperature", "top_k", "top_p"],
-              "ignore_eos": sampling.min_tokens >= max_new_tokens}
+    does (:func:`chain_fields`)."""
+    fields = {"n_predict": max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+              **chain_fields(sampling), "ignore_eos": sampling.min_tokens >= max_new_tokens}
     if sampling.seed is not None:
         fields["seed"] = sampling.seed
     return fields

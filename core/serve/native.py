@@ -12,10 +12,11 @@ Both take ``n_predict`` (or ``max_tokens``; -1: no limit; 0 only reads the promp
 have its extra files read before the user next pauses), ``n_indent`` and ``t_max_predict_ms`` (core.serve.stops),
 ``stop``, ``stream``, ``seed`` and ``response_fields``, meaning what they mean there.
 
-Sampling is SpecLens's lossless one: ``temperature`` (<= 0: greedy), ``top_k`` and ``top_p``, with llama-server's
-defaults (0.8, 40, 0.95); a ``samplers`` list names which of them apply (a chain without ``temperature`` samples at
-1.0), applied temperature first whatever the order listed: what the draft and the verifier share, so the answer keeps
-exactly that distribution. llama-server's other samplers (the plugins' ``infill``, ``min_p``, penalties, ...) are not
+Sampling is SpecLens's lossless one: ``temperature`` (<= 0: greedy), ``top_k``, ``top_p`` and ``min_p``, with
+llama-server's defaults (0.8, 40, 0.95, 0.05); a ``samplers`` list names which of them apply (a chain without
+``temperature`` samples at 1.0), applied min-p first (on the raw logits, as in llama-server's default chain), then
+temperature, top-k and top-p whatever the order listed: what the draft and the verifier share, so the answer keeps
+exactly that distribution. llama-server's other samplers (the plugins' ``infill``, ``typ_p``, penalties, ...) are not
 implemented here and not applied: the answer's ``generation_settings.ignored`` names them, and the server says so
 once in its log. What would make the answer follow a form (``grammar``, ``json_schema``, ``logit_bias``) is refused
 rather than ignored: a client that asks for JSON must not get prose it takes for JSON.
@@ -26,18 +27,17 @@ import logging
 
 from core.backends.infill import Budget
 from core.sampling import MAX_TEMPERATURE, SamplingError, SamplingParams
-from core.serve.request import (Infill, RequestError, ServeRequest, number, prompt_of, refuse_forms,
-                                stop_sequences)
+from core.serve.request import (MIN_P_ONE, Infill, RequestError, ServeRequest, number, prompt_of,
+                                refuse_forms, stop_sequences)
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}      # llama-server's
-DEFAULT_MIN_P = 0.05
-KEEP_THE_LIKELIEST = ("min_p", "typ_p", "typical_p", "top_n_sigma")
-APPLIED = ("temperature", "top_k", "top_p")
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}      # llama-server's
+KEEP_THE_LIKELIEST = ("typ_p", "typical_p", "top_n_sigma")
+APPLIED = ("temperature", "top_k", "top_p", "min_p")
 MAX_STOPS = 64
-# llama-server's names of what changes the distribution beyond the three, with the value that leaves it unchanged
-NEUTRAL = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+# llama-server's names of what changes the distribution beyond the four, with the value that leaves it unchanged
+NEUTRAL = {"typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
            "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0, "top_n_sigma": -1.0}
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)   # llama-server's "pick one"
 LETTERS = {"k": "top_k", "p": "top_p", "t": "temperature", "m": "min_p", "y": "typ_p", "x": "xtc", "d": "dry",
@@ -77,7 +77,7 @@ def _extra(body: dict) -> tuple[tuple[str, str], ...]:
 
 
 def _samplers(body: dict) -> tuple[set[str], list[str]]:
-    """Which of temperature, top-k and top-p apply, and what the request asks that is not applied."""
+    """Which of temperature, top-k, top-p and min-p apply, and what the request asks that is not applied."""
     named = body.get("samplers")
     if named is None:
         chain = set(APPLIED)
@@ -88,8 +88,6 @@ def _samplers(body: dict) -> tuple[set[str], list[str]]:
             raise RequestError("'samplers' must be a list of sampler names", param="samplers")
         chain = {n for n in named if n in APPLIED}
     ignored = [n for n in (named or ()) if n not in APPLIED]
-    if named is None and body.get("min_p", DEFAULT_MIN_P) != 0:    # llama-server's default chain has min-p
-        ignored.append("min_p")
     for name, neutral in NEUTRAL.items():
         value = body.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value != neutral and name not in ignored:
@@ -102,6 +100,7 @@ def _sampling(body: dict, context_length: int) -> tuple[SamplingParams, list[str
     temperature = number(body, "temperature", DEFAULTS["temperature"], -MAX_TEMPERATURE, MAX_TEMPERATURE)
     top_k = number(body, "top_k", DEFAULTS["top_k"], -2**31, 2**31, integer=True)
     top_p = number(body, "top_p", DEFAULTS["top_p"], 0.0, 1.0)
+    min_p = number(body, "min_p", DEFAULTS["min_p"], 0.0, 1.0)
     seed = number(body, "seed", -1, -1, 2**63 - 1, integer=True)
     min_tokens = context_length if body.get("ignore_eos") is True else 0
     try:
@@ -109,6 +108,7 @@ def _sampling(body: dict, context_length: int) -> tuple[SamplingParams, list[str
             temperature=max(0.0, float(temperature)) if "temperature" in chain else 1.0,
             top_k=max(0, top_k) if "top_k" in chain else 0,
             top_p=(float(top_p) if top_p > 0 else 1e-9) if "top_p" in chain else 1.0,
+            min_p=min(float(min_p), MIN_P_ONE) if "min_p" in chain else 0.0,
             seed=None if seed in RANDOM_SEEDS else seed, min_tokens=min_tokens)
     except SamplingError as exc:
         raise RequestError(str(exc)) from None
@@ -224,6 +224,7 @@ class NativeReply:
         result, s, r = finished.result, finished.result.stats, self.request
         settings = {"n_predict": -1 if r.max_tokens is None else r.max_tokens,
                     "temperature": r.sampling.temperature, "top_k": r.sampling.top_k, "top_p": r.sampling.top_p,
+                    "min_p": r.sampling.min_p,
                     "seed": r.sampling.seed if r.sampling.seed is not None else -1, "stop": list(r.stop),
                     "n_indent": r.min_indent, "stream": r.stream,
                     "samplers": [n for n in APPLIED if _applies(r.sampling, n)], "ignored": list(self.ignored)}
@@ -238,4 +239,4 @@ class NativeReply:
 
 def _applies(sampling: SamplingParams, name: str) -> bool:
     return {"temperature": sampling.temperature != 1.0, "top_k": sampling.top_k > 0,
-            "top_p": sampling.top_p < 1.0}[name]
+            "top_p": sampling.top_p < 1.0, "min_p": sampling.min_p > 0}[name]

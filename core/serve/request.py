@@ -3,11 +3,12 @@
 Chat completions take ``messages`` (text content, or a list of text parts); text completions take ``prompt`` (a
 string, its special-token text read as those tokens, as llama-server and vLLM read it, or token ids) and ``suffix``
 (an editor's fill in the middle: the prompt is the text before the cursor, the suffix the text after it). Both take
-``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` (1 only),
-``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted Outputs: the text the answer is
-expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and ``ignore_eos`` and llama-server's
-``n_predict``. Chats take ``tools`` and the calls and results of earlier turns (core.serve.tools). A request for a
-form (``response_format`` JSON, a grammar) or a ``logit_bias`` is refused, not ignored.
+``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p`` (and vLLM's ``top_k`` and ``min_p``),
+``seed``, ``stop``, ``n`` (1 only), ``stream`` with ``stream_options.include_usage``, and ``prediction`` (Predicted
+Outputs: the text the answer is expected to repeat, e.g. the file being edited), plus vLLM's ``min_tokens`` and
+``ignore_eos`` and llama-server's ``n_predict``. Chats take ``tools`` and the calls and results of earlier turns
+(core.serve.tools). A request for a form (``response_format`` JSON, a grammar) or a ``logit_bias`` is refused, not
+ignored.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from core.serve.tools import history_calls, offered
 
 MAX_STOPS = 4              # as OpenAI
 ROLES = ("system", "user", "assistant", "developer", "tool")
+MIN_P_ONE = 1 - 1e-9       # min-p 1 keeps only the likeliest tokens: the floor a hair under them
 MIDDLE_MARK = "\u2038"     # where a fill-in-the-middle request's answer goes, as the window shows it
 
 
@@ -200,10 +202,13 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
         min_tokens = max_tokens or context_length
     temperature = number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = number(body, "top_p", 1.0, 0.0, 1.0)
+    top_k = number(body, "top_k", 0, -1, 2**31, integer=True)       # vLLM's and llama-server's extra fields
+    min_p = number(body, "min_p", 0.0, 0.0, 1.0)
     seed = number(body, "seed", None, 0, 2**63 - 1, integer=True)
     try:
         sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p) if top_p > 0 else 1e-9,
-                                  seed=seed, min_tokens=min_tokens)
+                                  top_k=max(0, top_k), min_p=min(float(min_p), MIN_P_ONE), seed=seed,
+                                  min_tokens=min_tokens)
     except SamplingError as exc:
         raise RequestError(str(exc)) from None
     stream = body.get("stream", False)
