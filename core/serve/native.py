@@ -168,8 +168,9 @@ def _native(body: dict, context_length: int, endpoint: str, prompt: str | None =
     for sampler in ignored:
         if sampler not in _warned:
             _warned.add(sampler)
-            log.warning("%s: the sampler '%s' is not applied (SpecLens samples with temperature, top_k and top_p "
-                        "only); answers name what was not applied in generation_settings.ignored", endpoint, sampler)
+            log.warning("%s: the sampler '%s' is not applied (SpecLens samples with temperature, top_k, top_p and "
+                        "min_p only); answers name what was not applied in generation_settings.ignored", endpoint,
+                        sampler)
     return request, tuple(fields), ignored
 
 
