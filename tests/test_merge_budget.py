@@ -16,7 +16,7 @@ from core.tree import depths_of
 from core.tree_budget import DrafterModel, Share, breadth_first, chain_value, merged_value, split_budget
 from tests.exact import first_two_tokens_exact
 from tests.table_backend import TableBackend, random_table
-from tests.test_verify_exact import PARAMS
+from tests.test_verify_exact import PARAMS, PARAMS_IDS
 from tests.tiny_models import tiny_draft_pair
 
 
@@ -123,7 +123,7 @@ def test_mixed_split_gives_every_part_nodes() -> None:
     assert [s.nodes for s in flipped.split.shares] == [0, 2]
 
 
-@pytest.mark.parametrize("params", PARAMS, ids=["t1", "t0.7-p0.9", "t1.3-k2"])
+@pytest.mark.parametrize("params", PARAMS, ids=PARAMS_IDS)
 def test_merged_tree_is_exact(params: SamplingParams) -> None:
     vocab = 3
     target = TableBackend(random_table(vocab, seed=11), vocab, "target")

@@ -24,7 +24,7 @@ from tests.chi_square import ALPHA, N, VOCAB, chi_square_p, exact_joint, sampled
 from tests.exact import enumerate_outcomes, first_two_tokens_exact
 from tests.table_backend import TableBackend, random_table
 from tests.test_greedy_identity import GREEDY, prompts
-from tests.test_verify_exact import PARAMS, TOL, _dist, _q_cases
+from tests.test_verify_exact import PARAMS, PARAMS_IDS, TOL, _dist, _q_cases
 from tests.tiny_models import tiny_draft_pair
 
 
@@ -141,7 +141,7 @@ def test_broken_kseq_is_caught(monkeypatch) -> None:
 
 # -- end to end through the real engine --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("params", PARAMS, ids=["t1", "t0.7-p0.9", "t1.3-k2"])
+@pytest.mark.parametrize("params", PARAMS, ids=PARAMS_IDS)
 def test_engine_two_token_joint_exact(params: SamplingParams) -> None:
     """Two sequences of two tokens: when both drew the accepted first token, both second tokens are candidates."""
     vocab = 3

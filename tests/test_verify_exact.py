@@ -110,10 +110,11 @@ PARAMS = [
     SamplingParams(temperature=1.3, top_k=2),
     SamplingParams(temperature=0.8, min_p=0.5),
 ]
+PARAMS_IDS = ["t1", "t0.7-p0.9", "t1.3-k2", "t0.8-m0.5"]
 
 
 @pytest.mark.parametrize("name,strategy", END_TO_END, ids=[n for n, _ in END_TO_END])
-@pytest.mark.parametrize("params", PARAMS, ids=["t1", "t0.7-p0.9", "t1.3-k2", "t0.8-m0.5"])
+@pytest.mark.parametrize("params", PARAMS, ids=PARAMS_IDS)
 def test_engine_two_token_joint_exact(name: str, strategy, params: SamplingParams) -> None:
     vocab = 3
     target = TableBackend(random_table(vocab, seed=1), vocab, "target")
