@@ -27,8 +27,8 @@ import logging
 
 from core.backends.infill import Budget
 from core.sampling import MAX_TEMPERATURE, SamplingError, SamplingParams
-from core.serve.request import (MIN_P_ONE, Infill, RequestError, ServeRequest, number, prompt_of,
-                                refuse_forms, stop_sequences)
+from core.serve.request import (MIN_P_ONE, Infill, RequestError, ServeRequest, json_object, number,
+                                prompt_of, refuse_forms, stop_sequences)
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def _sampling(body: dict, context_length: int) -> tuple[SamplingParams, list[str
 def parse_infill(body, context_length: int) -> tuple[ServeRequest, tuple[str, ...], list[str]]:
     """The ``/infill`` request in ``body`` (parsed JSON): the engine's request, the ``response_fields`` asked for, and
     the samplers asked for that are not applied; RequestError if unusable."""
-    body = _object(body)
+    body = json_object(body)
     infill = Infill(_string(body, "input_prefix"), _string(body, "input_suffix"), _string(body, "prompt"),
                     _extra(body))
     return _native(body, context_length, "/infill", infill=infill)
@@ -128,17 +128,11 @@ def parse_infill(body, context_length: int) -> tuple[ServeRequest, tuple[str, ..
 
 def parse_completion(body, context_length: int) -> tuple[ServeRequest, tuple[str, ...], list[str]]:
     """The ``/completion`` request in ``body``, as :func:`parse_infill` reads an ``/infill`` one."""
-    body = _object(body)
+    body = json_object(body)
     prompt = prompt_of(body)
     if isinstance(prompt, str):
         return _native(body, context_length, "/completion", prompt=prompt)
     return _native(body, context_length, "/completion", pieces=prompt)
-
-
-def _object(body) -> dict:
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    return body
 
 
 def _native(body: dict, context_length: int, endpoint: str, prompt: str | None = None,

@@ -131,6 +131,13 @@ def stop_sequences(body: dict, limit: int = MAX_STOPS) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def json_object(body) -> dict:
+    """A request's parsed JSON ``body``, which every endpoint needs to be an object; RequestError otherwise."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
 def refuse_forms(body: dict) -> None:
     """RequestError where the request asks the answer to follow a form or a bias (OpenAI's ``response_format`` other
     than text and ``logit_bias``, llama-server's ``grammar`` and ``json_schema``): SpecLens cannot constrain what the
@@ -188,8 +195,7 @@ def _limit(body: dict, context_length: int) -> int | None:
 
 def parse(body, chat: bool, context_length: int) -> ServeRequest:
     """The request in ``body`` (parsed JSON) for a chat (``chat``) or text completion; RequestError if unusable."""
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
+    body = json_object(body)
     refuse_forms(body)
     model = body.get("model", "")
     if not isinstance(model, str):
