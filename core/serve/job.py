@@ -11,6 +11,7 @@ import difflib
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Sequence
 
 from core.auto import attach_memory
@@ -74,6 +75,10 @@ class Observer:
         """The request ended (whatever the reason)."""
 
 
+PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "",
+                                               "parameters": {"type": "object", "properties": {}}}}
+
+
 @dataclass
 class ServedModels:
     """The pair a server decodes with, its strategy, and the memory its drafts copy from: this process's own (never
@@ -118,19 +123,26 @@ class ServedModels:
                                budget(self.target.context_length, request.max_tokens))
         return infill_prompt(tokens, self.target.tokenize(request.prompt), self.target.tokenize(request.suffix))
 
-
     def _chat(self, request: ServeRequest) -> list[int]:
         """The chat's prompt, with the tools it offers where the model's template puts them; RequestError where the
         template has no place for them or asks for calls in a form other than the one SpecLens reads."""
-        messages = list(request.messages)
-        ids = self.target.apply_chat_template(messages, request.tools)
-        if request.tools and ids == self.target.apply_chat_template(messages):
-            raise RequestError(f"{self.name}'s chat template has no place for tools: it cannot be offered any",
-                               param="tools")
-        if request.tools and OPEN not in self.target.detokenize(ids):
-            raise RequestError(f"{self.name}'s chat template asks for tool calls in a form SpecLens does not read "
-                               f"(it reads the Hermes and Qwen form, {OPEN}...{CLOSE})", param="tools")
-        return ids
+        if request.tools and self._tools_refused is not None:
+            raise RequestError(self._tools_refused, param="tools")
+        return self.target.apply_chat_template(list(request.messages), request.tools)
+
+    @cached_property
+    def _tools_refused(self) -> str | None:
+        """Why this model's template cannot offer tools in the form SpecLens reads, None where it can: a property of
+        the template, read once from a chat of one message rendered with a tool and without (a conversation's own
+        text, an earlier call say, cannot pass for the template's instructions)."""
+        chat = [{"role": "user", "content": "?"}]
+        offered = self.target.apply_chat_template(chat, (PROBE_TOOL,))
+        if offered == self.target.apply_chat_template(chat):
+            return f"{self.name}'s chat template has no place for tools: it cannot be offered any"
+        if OPEN not in self.target.detokenize(offered):
+            return (f"{self.name}'s chat template asks for tool calls in a form SpecLens does not read (it reads the "
+                    f"Hermes and Qwen form, {OPEN}...{CLOSE})")
+        return None
 
     def _mixed(self, pieces: tuple[str | int, ...]) -> list[int]:
         """llama-server's reading of a prompt of token ids and texts: the texts' special-token text is those tokens,
