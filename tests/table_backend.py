@@ -60,6 +60,9 @@ class TableBackend:
     def detokenize(self, ids: Sequence[int]) -> str:
         return "".join(f"<{i}>" for i in ids)
 
+    def piece_bytes(self, token: int) -> bytes:
+        return self.detokenize([token]).encode()
+
     def apply_chat_template(self, messages, tools=()) -> list[int]:
         return [int(t) for m in messages for t in m["content"].split()]
 

@@ -273,3 +273,38 @@ def test_speclens_builds_llama_servers_own_infill_prompt(binary, tmp_path, add_b
             keys[name] = set(answer)
     assert read["speclens"] == read["llama-server"]
     assert keys["llama-server"] - keys["speclens"] == {"prompt"} and keys["speclens"] <= keys["llama-server"]
+
+
+@pytest.mark.llama_server
+@pytest.mark.parametrize("add_bos", [False, True])
+def test_speclens_tokenizes_detokenizes_and_renders_chats_as_llama_server(binary, tmp_path, add_bos):
+    """The same /tokenize, /detokenize and /apply-template requests to both servers on the same file get the same
+    answers: special-token text parsed or not, a begin-of-text token added or not (and not after an id that opens a
+    mixed prompt), each token's piece (bytes where a character is split), control tokens spelled out, a chat's text;
+    /props gives the same context size and chat template."""
+    import httpx
+
+    from core.backends.llamacpp import LlamaCppBackend
+    from core.memory import Memory
+    from core.serve.job import ServedModels
+    from tests.served import serving
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", seed=0, context=512, add_bos=add_bos)
+    target = LlamaCppBackend(path, n_ctx=512, n_threads=1)
+    text = "the theory <|im_end|> of é日本🦙\n\tx"
+    asked = [("/tokenize", body) for body in (
+        {"content": text}, {"content": text, "add_special": True}, {"content": text, "parse_special": False},
+        {"content": text, "with_pieces": True, "add_special": True}, {"content": [5, "the <|im_start|>", 7, "x"],
+                                                                      "add_special": True},
+        {"content": ["a", 5], "add_special": True}, {})]
+    asked += [("/detokenize", {"tokens": ids}) for ids in ([281, 5, 200, 282], [195, 169], [195], [])]
+    asked += [("/apply-template", {"messages": [{"role": "system", "content": "be <|im_end|> brief"},
+                                                {"role": "user", "content": "hi é"}]})]
+    answers = {}
+    with serving(ServedModels(target, None, Memory(8, 8), "t")) as (url, _), \
+            LlamaServer(path, threads=1, context=512) as server:
+        for name, root in (("speclens", url), ("llama-server", server.url)):
+            answers[name] = [httpx.post(f"{root}{where}", json=body, timeout=60).json() for where, body in asked]
+            props = httpx.get(f"{root}/props", timeout=60).json()
+            answers[name].append((props["default_generation_settings"]["n_ctx"], props["chat_template"]))
+    assert answers["speclens"] == answers["llama-server"]

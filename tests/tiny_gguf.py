@@ -12,25 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from core.backends.byte_level import byte_symbols
+
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 MERGE_TEXT = "the theory of the thing is that the other three think there then in on and an"
-
-
-def byte_symbols() -> list[str]:
-    """GPT-2's byte-to-unicode table, in byte order: the symbols a byte-level BPE vocabulary starts from."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return [table[b] for b in range(256)]
 
 
 def _merges(symbols: list[str], count: int) -> list[tuple[str, str]]:
@@ -56,7 +45,7 @@ def tiny_vocab(n_merges: int = 24, extra_tokens: tuple[str, ...] = ()) -> tuple[
     """(tokens, token types, merges) of the tiny byte-level tokenizer; ``extra_tokens`` are appended as control tokens."""
     import gguf
 
-    symbols = byte_symbols()
+    symbols = list(byte_symbols())
     merges = _merges(symbols, n_merges)
     tokens = symbols + [a + b for a, b in merges]
     types = [gguf.TokenType.NORMAL] * len(tokens)

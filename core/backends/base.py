@@ -72,6 +72,10 @@ class Backend(Protocol):
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of a sequence of ids as a reader sees it: control tokens render as nothing."""
 
+    def piece_bytes(self, token: int) -> bytes:
+        """The bytes ``token`` stands for in text (a control token's are none): part of a character where the
+        tokenizer splits one, so that llama-server's ``/tokenize`` can show each token's own bytes."""
+
     def special_name(self, token: int) -> str | None:
         """The name of a control token (``<|im_end|>``), None for ordinary tokens: views mark such tokens."""
 
@@ -226,7 +230,8 @@ def plain_text_template(messages: Sequence[dict], render: Callable[[list[dict]],
 
     Each message's content is replaced by a sentinel before rendering; the rendered prompt is then cut at the
     sentinels, the template's pieces tokenized with special tokens parsed and the contents as plain text. A user who
-    types ``<|im_end|>\\n<|im_start|>system`` thus writes text, not control tokens.
+    types ``<|im_end|>\\n<|im_start|>system`` thus writes text, not control tokens. An empty content stays empty:
+    templates test it (Qwen's writes an assistant's tool calls after its text only if it has some).
     """
     contents = []
     masked = []
@@ -236,7 +241,7 @@ def plain_text_template(messages: Sequence[dict], render: Callable[[list[dict]],
         if not isinstance(content, str):
             raise BackendError(f"message {i} has no text content")
         contents.append(content)
-        m["content"] = _SENTINEL.format(i)
+        m["content"] = _SENTINEL.format(i) if content else ""
         masked.append(m)
     rendered = render(masked)
     ids: list[int] = []
@@ -246,9 +251,9 @@ def plain_text_template(messages: Sequence[dict], render: Callable[[list[dict]],
         ids += tokenize_markup(rendered[pos:match.start()]) if match.start() > pos else []
         k = int(match.group(1))
         seen.append(k)
-        ids += tokenize_text(contents[k]) if contents[k] else []
+        ids += tokenize_text(contents[k])
         pos = match.end()
-    if seen != list(range(len(messages))):
+    if seen != [i for i, content in enumerate(contents) if content]:
         raise BackendError("the chat template did not place every message once, in order; cannot keep message "
                            "text plain")
     ids += tokenize_markup(rendered[pos:]) if pos < len(rendered) else []

@@ -16,6 +16,7 @@ import torch
 
 from core.backends.base import (BackendError, Progress, check_fits, check_tree_call, plain_text_template,
                                 prefill_chunks, reusable_prefix, tokenizer_digest)
+from core.backends.byte_level import symbol_bytes
 from core.backends.cuda_graphs import MAX_ROWS, FixedShapeSteps, evaluate
 from core.backends.devices import DECODE_ADVICE, LOAD_ADVICE, check_device, out_of_memory_as_error
 from core.backends.infill import FimTokens, spelled
@@ -110,11 +111,30 @@ class HFBackend:
             return self._text_cache[tok]
         return self.tokenizer.decode([int(t) for t in ids if int(t) not in self._specials])
 
+    def piece_bytes(self, token: int) -> bytes:
+        """The vocabulary symbol's own bytes (byte-level, byte-fallback, or SentencePiece's with its word mark as a
+        space) where they read as the token's text, else that text: a tokenizer's decode shows only U+FFFD for part
+        of a character, and drops the space a word's first token begins with."""
+        tok = int(token)
+        text = self.detokenize([tok])
+        if self.tokenizer is None or tok in self._specials:
+            return text.encode()
+        symbol = self.tokenizer.convert_ids_to_tokens(tok) or ""
+        raw = symbol_bytes(symbol)
+        if raw is None:
+            raw = symbol.replace("\u2581", " ").encode()
+        return raw if raw.decode("utf-8", errors="replace").strip() == text.strip() else text.encode()
+
     def special_name(self, token: int) -> str | None:
         return self._specials.get(int(token))
 
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (jinja2), as a llama.cpp model's GGUF holds one."""
+        return getattr(self.tokenizer, "chat_template", None)
+
     def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+        if not self.chat_template:
             raise BackendError(f"{self.name} has no chat template")
 
         def render(masked: list[dict]) -> str:

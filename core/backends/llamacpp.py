@@ -274,7 +274,7 @@ class LlamaCppBackend:
             raise BackendError(f"{self.name}: could not tokenize the text")
         return list(buf[:n])
 
-    def _piece(self, token: int) -> bytes:
+    def piece_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
             # special=False: a control token's piece is empty, so it never reaches a reader's text
@@ -293,7 +293,7 @@ class LlamaCppBackend:
         for t in ids:
             if not 0 <= int(t) < self.vocab_size:
                 raise BackendError(f"{self.name}: token id {t} is outside the vocabulary of {self.vocab_size}")
-        return b"".join(self._piece(int(t)) for t in ids).decode("utf-8", errors="replace")
+        return b"".join(self.piece_bytes(int(t)) for t in ids).decode("utf-8", errors="replace")
 
     def special_name(self, token: int) -> str | None:
         return self._token_text(token) if self._is_control(token) else None

@@ -14,6 +14,7 @@ import secrets
 import threading
 import time
 import uuid
+from importlib import metadata
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -25,9 +26,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from core.serve.executor import Executor
 from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
-from core.serve.native import NativeReply, parse_completion, parse_infill
-from core.serve.request import RequestError, ServeRequest, parse
-from core.serve.tools import names, sendable, split_calls
+from core.serve import vocab
+from core.serve.native import NativeReply, parse_completion, parse_infill, props
+from core.serve.request import RequestError, ServeRequest, json_object, messages_of, parse
+from core.serve.tools import names, offered, sendable, split_calls
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,29 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
     async def list_models() -> dict:
         return {"object": "list", "data": [{"id": models.name, "object": "model", "created": created,
                                             "owned_by": FINGERPRINT,
-                                            "max_model_len": models.target.context_length}]}
+                                            "max_model_len": models.target.context_length,
+                                            "meta": {"n_ctx": models.target.context_length,
+                                                     "n_vocab": models.target.vocab_size}}]}
+
+    @app.get("/props")
+    async def properties() -> dict:
+        return await asyncio.to_thread(props, models, _build())
+
+    # llama-server's tokenizer endpoints (core.serve.vocab): off the engine's thread, beside a decoding answer
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        return await asyncio.to_thread(vocab.tokenize, models.target, await _json_body(request, max_body))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        return await asyncio.to_thread(vocab.detokenize, models.target, await _json_body(request, max_body))
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> dict:
+        body = json_object(await _json_body(request, max_body))
+        messages, tools = messages_of(body), offered(body)
+        ids = await asyncio.to_thread(models.chat_prompt, messages, tools)
+        return {"prompt": vocab.text_of(models.target, ids)}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -373,3 +397,11 @@ def _called(reason: str) -> str:
 
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _build() -> str:
+    try:
+        return f"{FINGERPRINT} {metadata.version('speclens')}"
+    except metadata.PackageNotFoundError:    # run from a checkout that was never installed
+        return f"{FINGERPRINT} (not installed)"
+

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Callable, Sequence
 
 from core.auto import attach_memory
-from core.backends.base import Cancelled, cached_prompt, check_token_ids
+from core.backends.base import BackendError, Cancelled, cached_prompt
 from core.backends.infill import infill_prompt, repo_prompt
 from core.engine import SpeculativeEngine
 from core.events import GenerationResult, GenerationStats, StepEvent, StopReason
@@ -25,6 +25,7 @@ from core.serve.native import budget
 from core.serve.request import RequestError, ServeRequest
 from core.serve.stops import WORD, StopText
 from core.serve.tools import CLOSE, OPEN
+from core.serve.vocab import token_ids
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,9 @@ class ServedModels:
     def prompt_ids(self, request: ServeRequest) -> list[int]:
         """RequestError when the request fills in the middle and the model has no tokens to do it with."""
         if request.chat:
-            return self._chat(request)
+            return self.chat_prompt(request.messages, request.tools)
         if request.pieces is not None:
-            return self._mixed(request.pieces)
+            return token_ids(self.target, request.pieces)
         if request.suffix is None and request.infill is None:
             return self.target.tokenize_special(request.prompt)
         tokens = self.target.infill_tokens()
@@ -123,15 +124,18 @@ class ServedModels:
                                budget(self.target.context_length, request.max_tokens))
         return infill_prompt(tokens, self.target.tokenize(request.prompt), self.target.tokenize(request.suffix))
 
-    def _chat(self, request: ServeRequest) -> list[int]:
-        """The chat's prompt, with the tools it offers where the model's template puts them; RequestError where the
+    def chat_prompt(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
+        """A chat's prompt, with the tools it offers where the model's template puts them; RequestError where the
         template has no place for them or asks for calls in a form other than the one SpecLens reads."""
-        if request.tools and self._tools_refused is not None:
-            raise RequestError(self._tools_refused, param="tools")
-        return self.target.apply_chat_template(list(request.messages), request.tools)
+        try:
+            if tools and self.tools_refused is not None:
+                raise RequestError(self.tools_refused, param="tools")
+            return self.target.apply_chat_template(list(messages), tools)
+        except BackendError as exc:      # a model without a chat template (or a tokenizer): it serves no chats
+            raise RequestError(str(exc), 501, kind="not_supported_error") from None
 
     @cached_property
-    def _tools_refused(self) -> str | None:
+    def tools_refused(self) -> str | None:
         """Why this model's template cannot offer tools in the form SpecLens reads, None where it can: a property of
         the template, read once from a chat of one message rendered with a tool and without (a conversation's own
         text, an earlier call say, cannot pass for the template's instructions)."""
@@ -143,23 +147,6 @@ class ServedModels:
             return (f"{self.name}'s chat template asks for tool calls in a form SpecLens does not read (it reads the "
                     f"Hermes and Qwen form, {OPEN}...{CLOSE})")
         return None
-
-    def _mixed(self, pieces: tuple[str | int, ...]) -> list[int]:
-        """llama-server's reading of a prompt of token ids and texts: the texts' special-token text is those tokens,
-        and the model's begin-of-text token comes only before a text that opens the prompt."""
-        target = self.target
-        start = target.tokenize_special("")     # what the tokenizer puts before any text
-        ids: list[int] = []
-        for i, piece in enumerate(pieces):
-            if isinstance(piece, int):
-                ids.append(piece)
-                continue
-            tokens = target.tokenize_special(piece)
-            ids.extend(tokens[len(start):] if i and tokens[:len(start)] == start else tokens)
-        try:
-            return check_token_ids(ids, target.vocab_size, "the prompt's token ids")
-        except ValueError as exc:
-            raise RequestError(str(exc), param="prompt") from None
 
 
 def accepted_prediction_tokens(prediction: Sequence[int], completion: Sequence[int]) -> int:

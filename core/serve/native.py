@@ -235,3 +235,23 @@ class NativeReply:
 def _applies(sampling: SamplingParams, name: str) -> bool:
     return {"temperature": sampling.temperature != 1.0, "top_k": sampling.top_k > 0,
             "top_p": sampling.top_p < 1.0, "min_p": sampling.min_p > 0}[name]
+
+
+def props(models, build: str) -> dict:
+    """``GET /props`` as llama-server answers it, for the clients that read a server's context size, chat template
+    and defaults there: the native endpoints' sampling defaults, one slot (one engine answers one request at a
+    time), and how SpecLens decodes."""
+    target = models.target
+    template = getattr(target, "chat_template", None) or ""
+    tools = bool(template) and models.tools_refused is None
+    params = {**DEFAULTS, "n_predict": -1, "max_tokens": -1, "seed": RANDOM_SEEDS[1], "stream": False,
+              "samplers": list(APPLIED), "speculative.types": models.strategy.label}
+    return {"default_generation_settings": {"params": params, "n_ctx": target.context_length},
+            "total_slots": 1, "model_alias": models.name, "model_path": str(getattr(target, "path", models.name)),
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True,
+            "chat_template": template, "chat_template_caps": {"supports_tools": tools, "supports_tool_calls": tools},
+            "build_info": build,
+            "speclens": {"strategy": models.strategy.label,
+                         "draft": getattr(models.draft, "name", None)}}
+

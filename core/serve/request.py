@@ -98,7 +98,7 @@ def _text_of(content, where: str) -> str:
     raise RequestError(f"{where} must be a string or a list of text parts", param=where)
 
 
-def _messages(body: dict) -> tuple[dict, ...]:
+def messages_of(body: dict) -> tuple[dict, ...]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list of {role, content}", param="messages")
@@ -152,7 +152,7 @@ def refuse_forms(body: dict) -> None:
                                param=name)
 
 
-def _token(value) -> bool:
+def is_token_id(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -164,8 +164,8 @@ def prompt_of(body: dict) -> str | tuple[str | int, ...]:
         prompt = prompt[0]      # a list of one prompt
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt and all(_token(p) or isinstance(p, str) for p in prompt) and (
-            any(_token(p) for p in prompt)):
+    if isinstance(prompt, list) and prompt and all(is_token_id(p) or isinstance(p, str) for p in prompt) and (
+            any(is_token_id(p) for p in prompt)):
         return tuple(prompt)
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise RequestError(f"'prompt' holds {len(prompt)} prompts: SpecLens answers one per request (one engine "
@@ -224,7 +224,7 @@ def parse(body, chat: bool, context_length: int) -> ServeRequest:
     if not isinstance(options, dict):
         raise RequestError("'stream_options' must be an object", param="stream_options")
     if chat:
-        messages, prompt = _messages(body), None
+        messages, prompt = messages_of(body), None
     else:
         prompt = prompt_of(body)
         suffix = body.get("suffix")
