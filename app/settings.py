@@ -150,7 +150,7 @@ RANGES = {"chain_k": (1, 64), "multi_k": (1, 32), "multi_length": (1, 32), "ngra
           "tree_budget": (2, 128), "tree_depth": (1, 32), "top_k": (0, 1_000_000), "seed": (-1, 2**31 - 1),
           "max_new_tokens": (1, 32768), "min_new_tokens": (0, 32768), "serve_port": (1024, 65535)}
 # the sampling settings SamplingParams checks itself, by the name it gives them
-SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p"}
+SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p"}
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,7 @@ class AppSettings:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0             # llama.cpp's min-p: tokens at least this fraction as likely as the likeliest
     seed: int = -1                 # -1: a fresh random seed for every answer
     max_new_tokens: int = 512
     min_new_tokens: int = 0        # end-of-text is barred before this many tokens (0: off)
@@ -198,7 +199,7 @@ class AppSettings:
     def sampling(self) -> SamplingParams:
         """The sampling parameters; raises core.sampling.SamplingError on a bad value."""
         return SamplingParams(temperature=float(self.temperature), top_k=int(self.top_k), top_p=float(self.top_p),
-                              seed=None if self.seed < 0 else int(self.seed), min_tokens=int(self.min_new_tokens))
+                              min_p=float(self.min_p), seed=None if self.seed < 0 else int(self.seed), min_tokens=int(self.min_new_tokens))
 
     def problems(self) -> list[tuple[tuple[str, ...], str]]:
         """Every reason these settings cannot generate: (the fields at fault, what is wrong, naming their values), none

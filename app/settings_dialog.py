@@ -84,6 +84,8 @@ class SettingsDialog(QDialog):
         self._pair_changed()
         self._strategy_changed()
         self.setMinimumWidth(940)
+        # the help lines wrap: asked at its width, the layout leaves each the height of all its lines
+        self.resize(940, self.heightForWidth(940))
 
     # groups
     def _model_group(self, s: AppSettings) -> QGroupBox:
@@ -193,6 +195,7 @@ class SettingsDialog(QDialog):
         self.temperature = _dspin(0.0, MAX_TEMPERATURE, 0.1, 2, s.temperature)
         self.top_k = _spin("top_k", s.top_k, "off")
         self.top_p = _dspin(0.0, 1.0, 0.05, 3, s.top_p)
+        self.min_p = _dspin(0.0, 0.99, 0.01, 3, s.min_p)
         self.seed = _spin("seed", s.seed, "random")
         self.max_new = _spin("max_new_tokens", s.max_new_tokens)
         self.min_new = _spin("min_new_tokens", s.min_new_tokens, "off")
@@ -200,6 +203,8 @@ class SettingsDialog(QDialog):
             ("Temperature", self.temperature, "0 is greedy (the same answer every time); higher is more varied."),
             ("Top-k", self.top_k, "Sample only among the k most likely tokens (off: all tokens)."),
             ("Top-p", self.top_p, "Sample from the fewest tokens whose probabilities add up to p (1: off)."),
+            ("Min-p", self.min_p, "Sample only among tokens at least p times as likely as the likeliest, as llama.cpp "
+             "does (0: off)."),
             ("Seed", self.seed, "Repeats a sampled answer exactly (random: new draws each time)."),
             ("Max new tokens", self.max_new, "The answer stops after this many tokens."),
             ("Min new tokens", self.min_new, "End-of-text is barred before this many tokens: answers of a known "
@@ -295,7 +300,7 @@ class SettingsDialog(QDialog):
             ngram_k=self.ngram_k.value(), tree_branching=self.tree_branching.text().strip(),
             tree_budget=self.tree_budget.value(), tree_depth=self.tree_depth.value(),
             temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
-            seed=self.seed.value(), max_new_tokens=self.max_new.value(), min_new_tokens=self.min_new.value(),
+            min_p=self.min_p.value(), seed=self.seed.value(), max_new_tokens=self.max_new.value(), min_new_tokens=self.min_new.value(),
             theme=self.theme_combo.currentText(), color_origins=self.origins_check.isChecked(),
             serve_port=self.serve_port.value(), endpoint_url=self.endpoint_url.text().strip(),
             endpoint_model=self.endpoint_model.currentText().strip(), chat_endpoint=self.chat_endpoint.isChecked(),

@@ -73,6 +73,7 @@ class WindowSurface:
         sampling = engine.sampling
         session.settings = replace(session.settings, max_new_tokens=max_new_tokens,
                                    temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                   min_p=sampling.min_p,
                                    seed=-1 if sampling.seed is None else sampling.seed)
         session.strategy = engine.strategy
         system = "\n".join(m["content"] for m in messages if m["role"] == "system")
