@@ -86,6 +86,20 @@ def test_the_template_text_is_the_chat_prompt_served(backend, tmp_path):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
 
 
+def test_a_model_without_a_chat_template_refuses_chats_and_still_completes_text():
+    target = hf_target()
+    target.tokenizer.chat_template = None
+    with serving(ServedModels(target, None, Memory(8, 8), "tiny")) as (url, _):
+        chat = post(url, "/v1/chat/completions", {"model": "tiny", "messages": CHAT, "max_tokens": 2})
+        template = post(url, "/apply-template", {"messages": CHAT})
+        text = post(url, "/v1/completions", {"model": "tiny", "prompt": "the", "max_tokens": 2, "temperature": 0})
+        props = httpx.get(f"{url}/props", timeout=60).json()
+    for refused in (chat, template):
+        assert refused.status_code == 501 and "no chat template" in refused.json()["error"]["message"]
+    assert text.status_code == 200 and text.json()["usage"]["completion_tokens"] == 2
+    assert props["chat_template"] == "" and props["chat_template_caps"]["supports_tools"] is False
+
+
 def test_a_template_with_tools_is_reported_as_taking_them():
     from tests.test_serve_tools import TOOLS_TEMPLATE
 
