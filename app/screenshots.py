@@ -129,6 +129,7 @@ def scene_settings(ctx: SceneContext):
 
     window = ctx.window()
     dialog = SettingsDialog(window.settings, window)
+    dialog.resize(dialog.width(), dialog.whole_height())    # all of it, whatever the screen it is rendered on
     dialog.show()
     ctx.wait_until(lambda: dialog.isVisible(), "the settings dialog")
     return dialog

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog,
-                               QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton,
-                               QSpinBox, QStackedWidget, QVBoxLayout, QWidget)
+                               QFormLayout, QFrame, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
+                               QPushButton, QScrollArea, QSpinBox, QStackedWidget, QVBoxLayout, QWidget)
 
 from app.settings import (BACKENDS, CUSTOM_PAIR, RANGES, REGISTRY_PAIRS, AppSettings, available_devices,
                           strategy_options)
@@ -18,6 +18,8 @@ from app.theme import THEMES
 from core.models import PAIRS
 from core.sampling import MAX_TEMPERATURE
 
+WIDTH = 940            # px: two columns of settings with their help lines
+SCREEN_MARGIN = 60     # px of the screen left for the title bar and the panel
 PAIR_LABELS = {"default": "Default: Qwen2.5-Coder 1.5B + 0.5B", "tiny": "Tiny random pair (tests, demos)",
                CUSTOM_PAIR: "Custom: choose two models…"}
 
@@ -59,6 +61,7 @@ class SettingsDialog(QDialog):
         self.key_notice = ""
         self._initial = settings
         grid = QGridLayout()
+        grid.setContentsMargins(0, 0, 0, 0)
         grid.setHorizontalSpacing(14)
         grid.addWidget(self._model_group(settings), 0, 0)
         grid.addWidget(self._appearance_group(settings), 1, 0)
@@ -77,15 +80,29 @@ class SettingsDialog(QDialog):
         buttons.button(QDialogButtonBox.StandardButton.Ok).setObjectName("PrimaryButton")
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        content = QWidget()
+        content.setLayout(grid)
+        self.scroll = QScrollArea()     # on a screen shorter than the settings, they scroll; OK stays in view
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setWidget(content)
+        self.buttons = buttons
         outer = QVBoxLayout(self)
-        outer.addLayout(grid)
+        outer.addWidget(self.scroll)
         outer.addWidget(self.error_label)
         outer.addWidget(buttons)
         self._pair_changed()
         self._strategy_changed()
-        self.setMinimumWidth(940)
-        # the help lines wrap: asked at its width, the layout leaves each the height of all its lines
-        self.resize(940, self.heightForWidth(940))
+        self.setMinimumWidth(WIDTH)
+        screen = self.screen().availableGeometry().height() - SCREEN_MARGIN
+        self.resize(WIDTH, min(self.whole_height(), screen))
+
+    def whole_height(self) -> int:
+        """The height that shows every setting with each wrapped help line whole, nothing scrolled."""
+        outer = self.layout()
+        margins = outer.contentsMargins()
+        content = self.scroll.widget().heightForWidth(WIDTH - margins.left() - margins.right())
+        return content + outer.spacing() + self.buttons.sizeHint().height() + margins.top() + margins.bottom()
 
     # groups
     def _model_group(self, s: AppSettings) -> QGroupBox:

@@ -160,3 +160,22 @@ def test_the_dialog_refuses_what_cannot_generate(dialog):
     dialog.min_new.setValue(20)
     dialog.accept()
     assert dialog.result_settings.min_new_tokens == 20 and dialog.result_settings.sampling().min_tokens == 20
+
+
+def test_the_dialog_fits_the_screen_and_shows_every_help_line_whole(dialog, qtbot):
+    """On a screen shorter than the settings (the offscreen one is 800 px), they scroll and OK stays in view; at
+    the whole height every wrapped help line has the height of all its lines."""
+    from PySide6.QtWidgets import QLabel
+
+    screen = dialog.screen().availableGeometry().height()
+    whole = dialog.whole_height()
+    assert whole > screen >= dialog.height()
+    assert dialog.scroll.verticalScrollBar().maximum() > 0
+    assert dialog.buttons.geometry().bottom() <= dialog.height()
+    dialog.resize(dialog.width(), whole)
+    qtbot.waitUntil(lambda: dialog.height() == whole)
+    dialog.layout().activate()
+    helps = [label for label in dialog.findChildren(QLabel, "HelpLine") if label.isVisible()]
+    assert len(helps) > 10
+    clipped = [label.text()[:40] for label in helps if label.height() < label.heightForWidth(label.width())]
+    assert clipped == []
