@@ -27,15 +27,17 @@ from core.serve.executor import Executor
 from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
 from core.serve import vocab
+from core.serve.messages import MessagesReply, count_body, error_body, parse_messages
 from core.serve.native import NativeReply, parse_completion, parse_infill, props
 from core.serve.request import RequestError, ServeRequest, json_object, messages_of, parse
-from core.serve.tools import names, offered, sendable, split_calls
+from core.serve.tools import Holdback, offered, split_calls
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 2**20      # bytes: a long file to edit and its prediction fit many times over
 POLL_S = 0.25              # how often a waiting request looks whether its client is still there
 FINGERPRINT = "speclens"
+MESSAGES = "/v1/messages"  # Anthropic's API: its own error shape and named stream events
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,10 @@ class _Queue:
             listener(waiting, running_now)
 
 
-def _error(exc: RequestError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def _error(exc: RequestError, path: str = "") -> JSONResponse:
+    """A refusal in the shape of the API asked: Anthropic's on its Messages API, OpenAI's elsewhere."""
+    body = error_body(exc) if path.startswith(MESSAGES) else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 def create_app(models: ServedModels, executor: Executor, *, api_key: str | None = None, max_queue: int = 16,
@@ -87,17 +91,17 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:
         metrics.refused(exc.status)
-        return _error(exc)
+        return _error(exc, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         metrics.refused(exc.status_code)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(RequestError(str(exc.detail), exc.status_code, kind=kind))
+        return _error(RequestError(str(exc.detail), exc.status_code, kind=kind), request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(RequestError(f"invalid request: {exc.errors()[:1]}"))
+        return _error(RequestError(f"invalid request: {exc.errors()[:1]}"), request.url.path)
 
     @app.exception_handler(_ClientGone)
     async def client_gone(request: Request, exc: _ClientGone) -> Response:
@@ -108,16 +112,20 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
         log.exception("serving %s failed", request.url.path)
         metrics.refused(500)
         return _error(RequestError(f"the server failed to answer: {type(exc).__name__}: {exc}", 500,
-                                   kind="server_error"))
+                                   kind="server_error"), request.url.path)
 
     @app.middleware("http")
     async def authorise(request: Request, call_next):
         if api_key and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            # OpenAI's clients send the key as a bearer token, Anthropic's in x-api-key
+            bearer = request.headers.get("authorization", "")
+            given = (bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else "",
+                     request.headers.get("x-api-key", ""))
+            if not any(secrets.compare_digest(key.encode(), api_key.encode()) for key in given):
                 metrics.refused(401)
-                return _error(RequestError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY'.",
-                                           401, code="invalid_api_key"))
+                return _error(RequestError("Incorrect API key provided: pass it as 'Authorization: Bearer KEY' "
+                                           "(or as 'x-api-key: KEY').", 401, code="invalid_api_key"),
+                              request.url.path)
         response = await call_next(request)
         response.headers["X-Served-By"] = FINGERPRINT
         return response
@@ -180,6 +188,18 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
         it has."""
         req, fields, ignored = parse_completion(await _json_body(request, max_body), models.target.context_length)
         return await _native(req, fields, ignored, request)
+
+    @app.post(MESSAGES)
+    async def messages(request: Request):
+        """Anthropic's Messages API (core.serve.messages); like llama-server, whatever model a request names."""
+        req = parse_messages(await _json_body(request, max_body), models.target.context_length)
+        items, cancel, started = await _start(req, request)
+        return await _answer(MessagesReply(req, models.name, started), req, items, request, cancel)
+
+    @app.post(f"{MESSAGES}/count_tokens")
+    async def count_tokens(request: Request) -> dict:
+        chat, tools = count_body(await _json_body(request, max_body))
+        return {"input_tokens": len(await asyncio.to_thread(models.chat_prompt, chat, tools))}
 
     async def _native(req: ServeRequest, fields: tuple[str, ...], ignored: list[str], request: Request):
         items, cancel, started = await _start(req, request)
@@ -254,22 +274,23 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
                       cancel: threading.Event) -> AsyncIterator[str]:
         try:
             for chunk in reply.opening():
-                yield _sse(chunk)
+                yield _sse(chunk, reply.NAMED)
             while True:
                 item = await _next(items, request, cancel)
                 if isinstance(item, Delta):
                     for chunk in reply.deltas(item):
-                        yield _sse(chunk)
+                        yield _sse(chunk, reply.NAMED)
                 elif isinstance(item, Finished):
                     _record(item)
                     for chunk in reply.closing(item):
-                        yield _sse(chunk)
+                        yield _sse(chunk, reply.NAMED)
                     if reply.END:
                         yield reply.END
                     return
-                elif isinstance(item, _Failed):   # after the stream began: said in-band, as OpenAI does
+                elif isinstance(item, _Failed):   # after the stream began: said in-band, as OpenAI and Anthropic do
                     log.warning("a streamed request failed: %s", item.error)
-                    yield _sse(RequestError(f"generation failed: {item.error}", 500, kind="server_error").body())
+                    failed = RequestError(f"generation failed: {item.error}", 500, kind="server_error")
+                    yield _sse(error_body(failed) if reply.NAMED else failed.body(), reply.NAMED)
                     return
         except _ClientGone:
             return
@@ -315,13 +336,13 @@ class _Reply:
     out as it comes up to where a call may begin, and the calls with the last chunks."""
 
     END = "data: [DONE]\n\n"     # what a stream ends with, after its closing chunks
+    NAMED = False                  # its events are data alone
 
     def __init__(self, req: ServeRequest, model: str, chat: bool) -> None:
         self.req, self.model, self.chat = req, model, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.tools = names(req.tools)
-        self._text, self._sent = "", 0      # a chat with tools: its answer so far, and how much of it went out
+        self.held = Holdback(req.tools)
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -343,28 +364,20 @@ class _Reply:
                             else {"text": "", "finish_reason": None})]
 
     def deltas(self, delta: Delta) -> list[dict]:
-        if not self.tools:
-            return [self._text_chunk(delta.text)]
-        self._text += delta.text
-        upto = sendable(self._text, self.tools)
-        if upto <= self._sent:
-            return []
-        piece, self._sent = self._text[self._sent:upto], upto
-        return [self._text_chunk(piece)]
+        piece = self.held.push(delta.text)
+        return [self._text_chunk(piece)] if piece else []
 
     def closing(self, finished: Finished) -> list[dict]:
         """What was held back and the calls, the finish chunk, then the usage chunk when asked; llama-server's
         timings ride on the last one."""
         chunks, reason = [], finished.finish_reason
-        if self.tools:
-            content, calls = split_calls(finished.text, self.tools)
-            rest = content[self._sent:]
-            if rest.strip() or (rest and not calls):
-                chunks.append(self._text_chunk(rest))
-            if calls:
-                chunks.append(self._chunk({"delta": {"tool_calls": [c.openai(i) for i, c in enumerate(calls)]},
-                                           "finish_reason": None}))
-                reason = _called(reason)
+        rest, calls = self.held.finish(finished.text)
+        if rest.strip() or (rest and not calls):
+            chunks.append(self._text_chunk(rest))
+        if calls:
+            chunks.append(self._chunk({"delta": {"tool_calls": [c.openai(i) for i, c in enumerate(calls)]},
+                                       "finish_reason": None}))
+            reason = _called(reason)
         last = self._chunk({"delta": {}, "finish_reason": reason} if self.chat
                            else {"text": "", "finish_reason": reason})
         chunks.append(last)
@@ -379,7 +392,7 @@ class _Reply:
         if not self.chat:
             choice = {"text": finished.text}
         else:
-            content, calls = split_calls(finished.text, self.tools) if self.tools else (finished.text, [])
+            content, calls = split_calls(finished.text, self.held.names) if self.held.names else (finished.text, [])
             choice = {"message": {"role": "assistant", "content": content}}
             if calls:
                 choice["message"] = {"role": "assistant", "content": content.strip() or None,
@@ -395,8 +408,10 @@ def _called(reason: str) -> str:
     return "tool_calls" if reason == "stop" else reason
 
 
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _sse(payload: dict, named: bool = False) -> str:
+    """A server-sent event; ``named``: under its payload's type (Anthropic's streams name each event)."""
+    data = f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"event: {payload['type']}\n{data}" if named else data
 
 
 def _build() -> str:

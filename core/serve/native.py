@@ -196,6 +196,7 @@ class NativeReply:
     end."""
 
     END = ""     # llama-server's own stream ends with its last chunk
+    NAMED = False
 
     def __init__(self, request: ServeRequest, model: str, fields: tuple[str, ...], ignored: list[str],
                  started) -> None:

@@ -161,3 +161,30 @@ def sendable(text: str, names: frozenset[str]) -> int:
     """How much of a streaming answer's ``text`` may go out as content now: what is decided, before any call."""
     calls, decided = scan(text, names, final=False)
     return min([decided] + [start for start, _, _ in calls])
+
+
+class Holdback:
+    """A streaming answer's text as it may go out when tools are offered: all of it as it comes when none are, else
+    up to where a call may be beginning; at the end, the rest of its content and its calls."""
+
+    def __init__(self, tools: tuple[dict, ...]) -> None:
+        self.names = names(tools)
+        self._text, self._sent = "", 0
+
+    def push(self, text: str) -> str:
+        """What of the answer so far may be sent now, given the next ``text`` of it."""
+        if not self.names:
+            return text
+        self._text += text
+        upto = sendable(self._text, self.names)
+        if upto <= self._sent or not self._text[:upto].strip():    # blank so far: a call may yet be all there is
+            return ""
+        piece, self._sent = self._text[self._sent:upto], upto
+        return piece
+
+    def finish(self, text: str) -> tuple[str, list[ToolCall]]:
+        """The finished answer's ``text``: what of its content is still to be sent, and its calls."""
+        if not self.names:
+            return "", []
+        content, calls = split_calls(text, self.names)
+        return content[self._sent:], calls
