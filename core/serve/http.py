@@ -23,14 +23,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.serve import vocab
 from core.serve.executor import Executor
 from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
-from core.serve.metrics import CONTENT_TYPE, ServerMetrics
-from core.serve import vocab
 from core.serve.messages import MessagesReply, count_body, error_body, parse_messages
+from core.serve.metrics import CONTENT_TYPE, ServerMetrics
 from core.serve.native import NativeReply, parse_completion, parse_infill, props
 from core.serve.request import RequestError, ServeRequest, json_object, messages_of, parse
-from core.serve.tools import Holdback, offered, split_calls
+from core.serve.responses import ResponsesReply, parse_responses
+from core.serve.tools import Holdback, offered
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,13 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
         req = parse_messages(await _json_body(request, max_body), models.target.context_length)
         items, cancel, started = await _start(req, request)
         return await _answer(MessagesReply(req, models.name, started), req, items, request, cancel)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        """OpenAI's Responses API (core.serve.responses); like llama-server, whatever model a request names."""
+        req = parse_responses(await _json_body(request, max_body), models.target.context_length)
+        items, cancel, started = await _start(req, request)
+        return await _answer(ResponsesReply(req, models.name, started), req, items, request, cancel)
 
     @app.post(f"{MESSAGES}/count_tokens")
     async def count_tokens(request: Request) -> dict:
@@ -372,7 +380,7 @@ class _Reply:
         timings ride on the last one."""
         chunks, reason = [], finished.finish_reason
         rest, calls = self.held.finish(finished.text)
-        if rest.strip() or (rest and not calls):
+        if rest is not None:
             chunks.append(self._text_chunk(rest))
         if calls:
             chunks.append(self._chunk({"delta": {"tool_calls": [c.openai(i) for i, c in enumerate(calls)]},
@@ -392,7 +400,7 @@ class _Reply:
         if not self.chat:
             choice = {"text": finished.text}
         else:
-            content, calls = split_calls(finished.text, self.held.names) if self.held.names else (finished.text, [])
+            content, calls = self.held.whole(finished.text)
             choice = {"message": {"role": "assistant", "content": content}}
             if calls:
                 choice["message"] = {"role": "assistant", "content": content.strip() or None,

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import replace
 
 from core.serve.request import RequestError, ServeRequest, json_object, messages_of, parse, stop_sequences
-from core.serve.tools import Holdback, offered
+from core.serve.tools import Holdback, TextThenCalls, offered
 
 MAX_STOPS = 64
 SKIPPED = ("thinking", "redacted_thinking")    # an assistant's earlier reasoning: templates drop it too
@@ -123,7 +123,7 @@ def count_body(body) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
     return messages_of(chat), offered(chat)
 
 
-class MessagesReply:
+class MessagesReply(TextThenCalls):
     """Anthropic's message for one request, whole or as its stream of named events (``started``:
     core.serve.job.Started)."""
 
@@ -146,25 +146,19 @@ class MessagesReply:
                 "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": self._usage(output)}
 
     def opening(self) -> list[dict]:
-        self.blocks = 0      # content blocks begun: the text's opens with its first text, as the whole message has one
         return [{"type": "message_start", "message": self._message([], None, None, 0)}, {"type": "ping"}]
 
     def _text(self, text: str) -> list[dict]:
         events = []
-        if not self.blocks:
+        if not self.begun:
             events.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-            self.blocks = 1
+            self.begun = 1
         return events + [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}]
 
-    def deltas(self, delta) -> list[dict]:
-        piece = self.held.push(delta.text)
-        return self._text(piece) if piece else []
-
     def closing(self, finished) -> list[dict]:
-        rest, calls = self.held.finish(finished.text)
-        events = self._text(rest) if rest.strip() or (not calls and (rest or not self.blocks)) else []
-        events += [{"type": "content_block_stop", "index": 0}] if self.blocks else []
-        for i, call in enumerate(calls, start=self.blocks):
+        events, calls = self.rest(finished)
+        events += [{"type": "content_block_stop", "index": 0}] if self.begun else []
+        for i, call in enumerate(calls, start=self.begun):
             events += [{"type": "content_block_start", "index": i,
                         "content_block": {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}},
                        {"type": "content_block_delta", "index": i,
@@ -178,8 +172,7 @@ class MessagesReply:
 
     def whole(self, items: list) -> dict:
         finished = items[-1]
-        rest, calls = self.held.finish(finished.text)
-        text = rest if self.held.names else finished.text
+        text, calls = self.held.whole(finished.text)
         content = [{"type": "text", "text": text}] if text.strip() or not calls else []
         content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)} for c in calls]
         reason, word = _stop(finished, bool(calls))

@@ -182,9 +182,37 @@ class Holdback:
         piece, self._sent = self._text[self._sent:upto], upto
         return piece
 
-    def finish(self, text: str) -> tuple[str, list[ToolCall]]:
-        """The finished answer's ``text``: what of its content is still to be sent, and its calls."""
-        if not self.names:
-            return "", []
-        content, calls = split_calls(text, self.names)
-        return content[self._sent:], calls
+    def whole(self, text: str) -> tuple[str, list[ToolCall]]:
+        """A finished answer's ``text`` answered whole: its content without the calls, and the calls."""
+        return split_calls(text, self.names) if self.names else (text, [])
+
+    def finish(self, text: str, begun: bool = True) -> tuple[str | None, list[ToolCall]]:
+        """The finished answer's ``text``: what of its content is still to be sent, and its calls. None where
+        nothing is: a blank rest beside calls, or an empty one once text has ``begun`` (an answer with neither text
+        nor calls still sends its one empty text)."""
+        rest, calls = "", []
+        if self.names:
+            content, calls = split_calls(text, self.names)
+            rest = content[self._sent:]
+        shows = rest.strip() or (not calls and (rest or not begun))
+        return (rest if shows else None), calls
+
+
+class TextThenCalls:
+    """A streamed reply of named events whose answer's text opens its first block (``_text``, which sets
+    ``begun``) as it may go out, and whose calls follow in their own blocks (Anthropic's and the Responses API)."""
+
+    held: Holdback
+    begun = 0        # blocks begun: the text's, once it has any
+
+    def _text(self, text: str) -> list[dict]:
+        raise NotImplementedError
+
+    def deltas(self, delta) -> list[dict]:
+        piece = self.held.push(delta.text)
+        return self._text(piece) if piece else []
+
+    def rest(self, finished) -> tuple[list[dict], list[ToolCall]]:
+        """The events of the text still held at the end, and the answer's calls."""
+        rest, calls = self.held.finish(finished.text, begun=bool(self.begun))
+        return (self._text(rest) if rest is not None else []), calls

@@ -1,0 +1,201 @@
+"""OpenAI's Responses API (``POST /v1/responses``), as llama-server also serves it: for agents written against it
+(Codex CLI, the ``openai`` SDK's ``responses``).
+
+A request is read into the chat request the chat endpoint decodes (core.serve.request), so the engine, the prompt
+cache and the lossless guarantees are the same: ``instructions``, ``input`` (text, or items: messages of
+``input_text``/``output_text`` parts, earlier ``function_call`` items and their ``function_call_output``),
+``tools`` (functions), ``tool_choice`` auto or none, ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``.
+The answer is a response whose output is a message and the function calls the model wrote (read as the chat
+endpoint reads them, core.serve.tools), whole or as the API's named stream events. SpecLens keeps no responses: a
+``previous_response_id`` is refused (send the conversation as ``input``, as Codex does with ``store: false``), as
+are images, files, structured output and tools other than functions. Like llama-server it serves its one model
+whatever model a request names.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from core.serve.request import RequestError, ServeRequest, json_object, parse
+from core.serve.tools import Holdback, TextThenCalls
+
+SKIPPED = ("reasoning",)             # an earlier answer's reasoning: templates drop it too
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _text(content, where: str) -> str:
+    """A message's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(f"{where} must be a string or a list of content parts", param=where)
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}[{i}]: a {kind!r} part is not supported (text parts are; SpecLens serves text "
+                               "models)", param=f"{where}[{i}]")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _messages(body: dict) -> list[dict]:
+    """The conversation as chat messages: ``instructions`` first, then each input item; an earlier function call
+    joins the assistant message before it, its output is a ``tool`` message."""
+    chat = [{"role": "system", "content": _text(body["instructions"], "instructions")}] if body.get(
+        "instructions") else []
+    items = body.get("input")
+    if isinstance(items, str):
+        return chat + [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise RequestError("'input' must be text or a non-empty list of items", param="input")
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message" and item.get("role") in ("user", "assistant", "system", "developer"):
+            chat.append({"role": item["role"], "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call" and isinstance(item.get("name"), str):
+            call = {"id": str(item.get("call_id", "")), "type": "function",
+                    "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
+            if not (chat and chat[-1]["role"] == "assistant"):
+                chat.append({"role": "assistant", "content": ""})
+            chat[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            chat.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")),
+                         "content": _text(item.get("output", ""), f"{where}.output")})
+        elif kind in SKIPPED:
+            continue
+        else:
+            raise RequestError(f"{where}: a {kind!r} item is not supported (messages, function_call and "
+                               "function_call_output are)", param=where)
+    return chat
+
+
+def _tools(body: dict) -> dict:
+    """The request's function tools and tool choice in the chat endpoint's form (core.serve.tools checks them)."""
+    tools = body.get("tools")
+    if not tools:
+        return {}
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise RequestError("'tools' must be a list of {\"type\": \"function\", \"name\", \"parameters\"}",
+                           param="tools")
+    other = sorted({str(t.get("type")) for t in tools} - {"function"})
+    if other:
+        raise RequestError(f"only function tools are supported, not {', '.join(other)}", param="tools")
+    choice = body.get("tool_choice", "auto")
+    return {"tool_choice": choice if isinstance(choice, str) else "required", "tools": [
+        {"type": "function", "function": {key: t[key] for key in ("name", "description", "parameters") if key in t}}
+        for t in tools]}
+
+
+def parse_responses(body, context_length: int) -> ServeRequest:
+    """The ``/v1/responses`` request in ``body`` as the chat request it asks for; RequestError if unusable."""
+    body = json_object(body)
+    if body.get("previous_response_id"):
+        raise RequestError("SpecLens keeps no responses: send the whole conversation as 'input' (and 'store': "
+                           "false)", param="previous_response_id")
+    form = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if isinstance(form, dict) and form.get("type") not in (None, "text"):
+        raise RequestError(f"text.format {form.get('type')!r} is not supported: SpecLens cannot constrain what the "
+                           "model says to a form", param="text.format")
+    chat = {"messages": _messages(body), **_tools(body),
+            **{name: body[name] for name in ("temperature", "top_p", "stream") if name in body}}
+    if "max_output_tokens" in body:
+        chat["max_tokens"] = body["max_output_tokens"]
+    return parse(chat, chat=True, context_length=context_length)
+
+
+class ResponsesReply(TextThenCalls):
+    """The response to one request, whole or as its stream of named events (``started``: core.serve.job.Started)."""
+
+    END = ""             # the stream ends with its response.completed event
+    NAMED = True         # each event is sent under its type's name
+
+    def __init__(self, req: ServeRequest, model: str, started) -> None:
+        self.req, self.model = req, model
+        self.id = f"resp_{uuid.uuid4().hex[:24]}"
+        self.message_id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.held = Holdback(req.tools)
+        self.sequence = 0
+        self.text = ""           # what of the message went out
+
+    def _event(self, kind: str, **fields) -> dict:
+        self.sequence += 1
+        return {"type": kind, "sequence_number": self.sequence - 1, **fields}
+
+    def _response(self, status: str, output: list, finished=None) -> dict:
+        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
+               "output": output, "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
+               "parallel_tool_calls": True, "temperature": self.req.sampling.temperature,
+               "top_p": self.req.sampling.top_p, "tool_choice": "auto" if self.req.tools else "none",
+               "tools": [{"type": "function", **t["function"]} for t in self.req.tools], "store": False,
+               "text": {"format": {"type": "text"}}, "usage": None}
+        if finished is not None:
+            u = finished.usage
+            out["usage"] = {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
+                            "total_tokens": u["total_tokens"],
+                            "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+                            "output_tokens_details": {"reasoning_tokens": 0}}
+            if finished.finish_reason == "length":
+                out["status"], out["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+            out["timings"] = finished.timings
+        return out
+
+    def _message(self, text: str, status: str) -> dict:
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
+                status == "completed" else []}
+
+    @staticmethod
+    def _call(call, status: str = "completed") -> dict:
+        return {"type": "function_call", "id": f"fc_{call.id.removeprefix('call_')}", "call_id": call.id,
+                "name": call.name, "arguments": call.arguments, "status": status}
+
+    def opening(self) -> list[dict]:
+        started = self._response("in_progress", [])
+        return [self._event("response.created", response=started),
+                self._event("response.in_progress", response=started)]
+
+    def _text(self, text: str) -> list[dict]:
+        events = []
+        if not self.begun:
+            self.begun = 1
+            events += [self._event("response.output_item.added", output_index=0,
+                                   item=self._message("", "in_progress")),
+                       self._event("response.content_part.added", item_id=self.message_id, output_index=0,
+                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
+        self.text += text
+        return events + [self._event("response.output_text.delta", item_id=self.message_id, output_index=0,
+                                     content_index=0, delta=text, logprobs=[])]
+
+    def closing(self, finished) -> list[dict]:
+        events, calls = self.rest(finished)
+        if self.begun:
+            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+            events += [self._event("response.output_text.done", item_id=self.message_id, output_index=0,
+                                   content_index=0, text=self.text, logprobs=[]),
+                       self._event("response.content_part.done", item_id=self.message_id, output_index=0,
+                                   content_index=0, part=part),
+                       self._event("response.output_item.done", output_index=0,
+                                   item=self._message(self.text, "completed"))]
+        output = [self._message(self.text, "completed")] if self.begun else []
+        for index, call in enumerate(calls, start=self.begun):
+            item = self._call(call)
+            events += [self._event("response.output_item.added", output_index=index,
+                                   item={**item, "arguments": "", "status": "in_progress"}),
+                       self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                                   delta=call.arguments),
+                       self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                   arguments=call.arguments),
+                       self._event("response.output_item.done", output_index=index, item=item)]
+            output.append(item)
+        # response.completed even for a cut answer (its status says incomplete): as llama-server, and what the SDK's
+        # stream helper and agents wait for
+        return events + [self._event("response.completed", response=self._response("completed", output, finished))]
+
+    def whole(self, items: list) -> dict:
+        finished = items[-1]
+        text, calls = self.held.whole(finished.text)
+        output = [self._message(text, "completed")] if text.strip() or not calls else []
+        return self._response("completed", output + [self._call(c) for c in calls], finished)
