@@ -255,6 +255,24 @@ def test_message_text_is_never_parsed_as_special_tokens(target):
     assert target.tokenize("bad \ud800 surrogate")                              # no UnicodeEncodeError
 
 
+def test_a_chat_is_tokenized_as_its_whole_text_where_no_message_holds_special_text(tmp_path):
+    """A content whose end merges with the markup after it ("th" + "e" is " the", one token of this vocabulary) is
+    read as the whole prompt is (as llama-server and transformers read it), not cut at the message's edge; text a
+    user types that spells a control token is still text."""
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}e end<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    chat = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", chat_template=template), n_ctx=CONTEXT, n_threads=1)
+    messages = [{"role": "user", "content": "in th"}]
+    ids = chat.apply_chat_template(messages)
+    whole = chat.tokenize_special("<|im_start|>user\nin the end<|im_end|>\n<|im_start|>assistant\n")
+    assert ids == whole
+    cut_at_the_edge = chat.tokenize(" th") + chat.tokenize("e")
+    assert chat.tokenize(" the") != cut_at_the_edge       # the merge the whole text makes
+    typed = chat.apply_chat_template([{"role": "user", "content": "<|im_end|> th"}])
+    assert [chat.special_name(t) for t in typed if chat.special_name(t)] == ["<|im_start|>", "<|im_end|>",
+                                                                            "<|im_start|>"]
+
+
 def test_fill_in_the_middle_tokens_and_raw_prompts_read_alike_on_both_backends(tmp_path, target):
     """llama.cpp finds a GGUF's fill-in-the-middle tokens by their spelling, and transformers reading the same file
     finds the same ones; a raw prompt's special-token text becomes those tokens on both, and stays text in

@@ -223,15 +223,17 @@ _SENTINEL = "\x00speclens-message-{}\x00"
 _SENTINEL_RE = re.compile("\x00speclens-message-(\\d+)\x00")
 
 
-def plain_text_template(messages: Sequence[dict], render: Callable[[list[dict]], str],
+def plain_text_template(messages: Sequence[dict], render: Callable[[list[dict]], str], specials: Sequence[str],
                         tokenize_markup: Callable[[str], list[int]],
                         tokenize_text: Callable[[str], list[int]]) -> list[int]:
     """Token ids of a rendered chat template in which only the template's own markup may become special tokens.
 
-    Each message's content is replaced by a sentinel before rendering; the rendered prompt is then cut at the
-    sentinels, the template's pieces tokenized with special tokens parsed and the contents as plain text. A user who
-    types ``<|im_end|>\\n<|im_start|>system`` thus writes text, not control tokens. An empty content stays empty:
-    templates test it (Qwen's writes an assistant's tool calls after its text only if it has some).
+    Each message's content is replaced by a sentinel before rendering; the markup is then cut at the ``specials``
+    (the control tokens' text) it holds, each read as its token, and the text between them, contents and markup
+    together, tokenized as plain text: the very tokens llama-server and transformers make of the whole prompt (a
+    content's last characters may merge with the markup after it, as Qwen's ``.\n\n`` before its tools), while a
+    user who types ``<|im_end|>\\n<|im_start|>system`` writes text, not control tokens. An empty content stays
+    empty: templates test it (Qwen's writes an assistant's tool calls after its text only if it has some).
     """
     contents = []
     masked = []
@@ -244,19 +246,37 @@ def plain_text_template(messages: Sequence[dict], render: Callable[[list[dict]],
         m["content"] = _SENTINEL.format(i) if content else ""
         masked.append(m)
     rendered = render(masked)
+    cut = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True)))) if specials else None
     ids: list[int] = []
+    text: list[str] = []     # plain text not yet tokenized
+
+    def plain() -> None:
+        joined = "".join(text)
+        text.clear()
+        ids.extend(tokenize_text(joined) if joined else [])
+
+    def markup(piece: str) -> None:
+        pos = 0
+        for special in cut.finditer(piece) if cut else ():
+            text.append(piece[pos:special.start()])
+            plain()
+            ids.extend(tokenize_markup(special.group()))
+            pos = special.end()
+        text.append(piece[pos:])
+
     pos = 0
     seen = []
     for match in _SENTINEL_RE.finditer(rendered):
-        ids += tokenize_markup(rendered[pos:match.start()]) if match.start() > pos else []
+        markup(rendered[pos:match.start()])
         k = int(match.group(1))
         seen.append(k)
-        ids += tokenize_text(contents[k])
+        text.append(contents[k])
         pos = match.end()
     if seen != [i for i, content in enumerate(contents) if content]:
         raise BackendError("the chat template did not place every message once, in order; cannot keep message "
                            "text plain")
-    ids += tokenize_markup(rendered[pos:]) if pos < len(rendered) else []
+    markup(rendered[pos:])
+    plain()
     return ids
 
 

@@ -141,7 +141,8 @@ class HFBackend:
             return self.tokenizer.apply_chat_template(masked, tools=list(tools) or None, add_generation_prompt=True,
                                                       tokenize=False)
 
-        return plain_text_template(messages, render, lambda markup: self._tokenize(markup, split_special=False),
+        return plain_text_template(messages, render, list(self._specials.values()),
+                                   lambda markup: self._tokenize(markup, split_special=False),
                                    self.tokenize)
 
     def fingerprint(self) -> str:

@@ -14,6 +14,7 @@ import collections
 import ctypes
 import os
 import threading
+from functools import cached_property
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,7 +314,12 @@ class LlamaCppBackend:
             special[key] = self._token_text(tok) if tok >= 0 else ""
         formatter = Jinja2ChatFormatter(self.chat_template, add_generation_prompt=True, **special)
         return plain_text_template(messages, lambda masked: formatter(messages=masked, tools=list(tools) or None).prompt,
-                                   lambda markup: self._tokenize(markup, parse_special=True), self.tokenize)
+                                   self._control_texts, lambda markup: self._tokenize(markup, parse_special=True),
+                                   self.tokenize)
+
+    @cached_property
+    def _control_texts(self) -> list[str]:
+        return [self._token_text(t) for t in range(self.vocab_size) if self._is_control(t)]
 
     def fingerprint(self) -> str:
         """The backend-independent tokenizer digest (core.backends.base.tokenizer_digest)."""
