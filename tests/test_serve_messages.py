@@ -142,5 +142,7 @@ def test_anthropics_key_header_is_accepted_and_a_wrong_key_refused_in_its_shape(
         with pytest.raises(anthropic.AuthenticationError) as refused:
             client(url, "wrong").messages.create(**hello)
         bearer = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0).models.list()
+        listed = client(url, "sesame").models.list()
     assert ok.usage.output_tokens == 2 and bearer.data[0].id == "tiny"
+    assert [m.id for m in listed.data] == ["tiny"] and listed.data[0].display_name == "tiny"
     assert refused.value.body["error"]["type"] == "authentication_error"

@@ -14,6 +14,7 @@ import secrets
 import threading
 import time
 import uuid
+from datetime import datetime, timezone
 from importlib import metadata
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -137,11 +138,14 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
 
     @app.get("/v1/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": [{"id": models.name, "object": "model", "created": created,
-                                            "owned_by": FINGERPRINT,
-                                            "max_model_len": models.target.context_length,
-                                            "meta": {"n_ctx": models.target.context_length,
-                                                     "n_vocab": models.target.vocab_size}}]}
+        """The one model, as OpenAI's, Anthropic's and llama-server's clients each read a model list."""
+        model = {"id": models.name, "object": "model", "created": created, "owned_by": FINGERPRINT,
+                 "max_model_len": models.target.context_length,
+                 "meta": {"n_ctx": models.target.context_length, "n_vocab": models.target.vocab_size},
+                 "type": "model", "display_name": models.name,
+                 "created_at": datetime.fromtimestamp(created, timezone.utc).isoformat().replace("+00:00", "Z")}
+        return {"object": "list", "data": [model], "has_more": False, "first_id": models.name,
+                "last_id": models.name}
 
     @app.get("/props")
     async def properties() -> dict:
