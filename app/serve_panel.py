@@ -2,6 +2,7 @@
 decoded shown live in the viz panel, and a "Served" list of recent requests to open, replay and keep as chats."""
 from __future__ import annotations
 
+import re
 import time
 
 from PySide6.QtCore import QObject, Qt, Signal
@@ -12,11 +13,18 @@ from core.serve.job import ServedRecord
 from core.serve.tools import names, split_calls
 
 
+_VERSION = re.compile(r"/v?\d[\w.+-]*$")
+
+
 def describe(record: ServedRecord) -> str:
-    """One line of the Served list: when, who, how much, how fast, how much of the prediction was used, which tools
-    the answer called."""
+    """One line of the Served list: when, who (the client's agent, else its address), how much, how fast, how much of
+    the prediction was used, which tools the answer called."""
     result, usage = record.finished.result, record.finished.usage
-    line = (f"{time.strftime('%H:%M:%S', time.localtime(record.started_at))}  {record.client.split(' ')[0]}\n"
+    address, _, agent = record.client.partition(" ")
+    # who asked: the agent's product without its version (claude-cli, codex_cli_rs, llama.vim's curl,
+    # OpenAI/Python), which says more than a loopback address and its passing port
+    who = _VERSION.sub("", agent.split(" ")[0]) if agent else address
+    line = (f"{time.strftime('%H:%M:%S', time.localtime(record.started_at))}  {who}\n"
             f"{result.stats.new_tokens} tok · {result.stats.tokens_per_second:.1f} tok/s")
     details = usage.get("completion_tokens_details")
     if details:

@@ -52,6 +52,8 @@ def test_a_served_request_is_answered_shown_live_listed_and_not_kept(serving_win
     record = window.serve.host.monitor.records[-1]
     assert record.finished.text == out.choices[0].message.content
     assert window.viz.tree.events == list(record.finished.result.steps)   # followed live in the tree view
+    # the list names the client by its agent's product, without the version: here the openai SDK's
+    assert window.served_list.list.item(0).text().split("\n")[0].endswith("  OpenAI/Python")
     saved(window)
     assert stored_conversations(data_dir) == 0                            # nothing in the history
     window.served_list.open_requested.emit(record)
