@@ -110,6 +110,22 @@ def test_earlier_calls_and_results_are_the_prompt_the_chat_endpoint_makes_of_the
     assert models.prompt_ids(asked) == models.prompt_ids(parse(openai_body, chat=True, context_length=4096))
 
 
+def test_an_agents_max_tokens_is_a_ceiling_the_context_lowers(tiny):
+    """Agents ask for far more tokens than a local context holds (Claude Code: 32000): answered up to what fits, as
+    llama-server answers them, not refused as OpenAI's chat endpoint refuses."""
+    url, models = tiny
+    room = models.target.context_length
+    message = client(url).messages.create(model="m", max_tokens=10 * room, messages=[{"role": "user", "content": "Hi"}],
+                                          extra_body={"min_tokens": 16})
+    assert 16 <= message.usage.output_tokens and message.usage.input_tokens + message.usage.output_tokens <= room
+    response = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0).responses.create(
+        model="m", input="Hi", max_output_tokens=10 * room, extra_body={"min_tokens": 16})
+    assert 16 <= response.usage.output_tokens and response.usage.total_tokens <= room
+    refused = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10 * room})
+    assert refused.status_code == 400
+
+
 def test_refusals_come_in_anthropics_shape_and_the_server_goes_on(tiny):
     url, _ = tiny
     user = [{"role": "user", "content": "Hi"}]

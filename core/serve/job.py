@@ -165,6 +165,8 @@ def _limits(models: ServedModels, request: ServeRequest, prompt: list[int]) -> i
     if room < 1:
         raise RequestError(f"This model's maximum context length is {context} tokens, but the {where} has "
                            f"{len(prompt)} tokens. Shorten it.", param=where, code="context_length_exceeded")
+    if request.within_context and request.max_tokens is not None:
+        return min(request.max_tokens, room)
     if request.max_tokens is not None and request.max_tokens > room:
         raise RequestError(f"This model's maximum context length is {context} tokens: the {where} has {len(prompt)} "
                            f"tokens, so at most {room} can be generated, not {request.max_tokens}.",

@@ -15,7 +15,8 @@ import json
 import uuid
 from dataclasses import replace
 
-from core.serve.request import RequestError, ServeRequest, json_object, messages_of, parse, stop_sequences
+from core.serve.request import (RequestError, ServeRequest, json_object, messages_of, parse, stop_sequences,
+                                within)
 from core.serve.tools import Holdback, TextThenCalls, offered
 
 MAX_STOPS = 64
@@ -106,15 +107,18 @@ def _chat_body(body: dict, need_max_tokens: bool) -> dict:
     chat = [{"role": "system", "content": _text(body["system"], "system")}] if body.get("system") else []
     for i, message in enumerate(messages):
         chat.extend(_turn(message, f"messages[{i}]"))
-    fields = {name: body[name] for name in ("max_tokens", "temperature", "top_p", "top_k", "stream") if name in body}
+    fields = {name: body[name] for name in ("max_tokens", "temperature", "top_p", "top_k", "stream", "min_tokens")
+              if name in body}
     return {"messages": chat, **fields, **_tools(body)}
 
 
 def parse_messages(body, context_length: int) -> ServeRequest:
     """The ``/v1/messages`` request in ``body`` as the chat request it asks for; RequestError if unusable."""
     body = json_object(body)
-    request = parse(_chat_body(body, need_max_tokens=True), chat=True, context_length=context_length)
-    return replace(request, stop=stop_sequences({"stop": body.get("stop_sequences") or None}, MAX_STOPS))
+    request = parse(within(_chat_body(body, need_max_tokens=True), context_length), chat=True,
+                    context_length=context_length)
+    return replace(request, stop=stop_sequences({"stop": body.get("stop_sequences") or None}, MAX_STOPS),
+                   within_context=True)
 
 
 def count_body(body) -> tuple[tuple[dict, ...], tuple[dict, ...]]:

@@ -56,6 +56,9 @@ class ServeRequest:
     tools: tuple[dict, ...] = ()    # OpenAI's tools a chat offers the model (core.serve.tools)
     min_indent: int = 0             # core.serve.stops.StopText's rules
     newline_after_s: float | None = None
+    # the agents' APIs (Anthropic's, Responses): max_tokens is a ceiling that the context left lowers, as llama-server
+    # takes it (an agent asks for 32k tokens whatever the model), where OpenAI's chat refuses what cannot fit
+    within_context: bool = False
 
     @property
     def chat(self) -> bool:
@@ -191,6 +194,14 @@ def _limit(body: dict, context_length: int) -> int | None:
         return number(body, name, None, 1, context_length, integer=True)
     limit = number(body, "n_predict", -1, -1, context_length, integer=True)
     return None if limit < 0 else limit
+
+
+def within(body: dict, context_length: int) -> dict:
+    """An agent's request with its ``max_tokens`` lowered to the context (a ceiling, not a demand: see
+    ``ServeRequest.within_context``)."""
+    limit = body.get("max_tokens")
+    whole = isinstance(limit, int) and not isinstance(limit, bool)
+    return {**body, "max_tokens": context_length} if whole and limit > context_length else body
 
 
 def parse(body, chat: bool, context_length: int) -> ServeRequest:

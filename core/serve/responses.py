@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 
-from core.serve.request import RequestError, ServeRequest, json_object, parse
+from core.serve.request import RequestError, ServeRequest, json_object, parse, within
 from core.serve.tools import Holdback, TextThenCalls
 
 SKIPPED = ("reasoning",)             # an earlier answer's reasoning: templates drop it too
@@ -99,10 +100,11 @@ def parse_responses(body, context_length: int) -> ServeRequest:
         raise RequestError(f"text.format {form.get('type')!r} is not supported: SpecLens cannot constrain what the "
                            "model says to a form", param="text.format")
     chat = {"messages": _messages(body), **_tools(body),
-            **{name: body[name] for name in ("temperature", "top_p", "stream") if name in body}}
+            **{name: body[name] for name in ("temperature", "top_p", "stream", "min_tokens") if name in body}}
     if "max_output_tokens" in body:
         chat["max_tokens"] = body["max_output_tokens"]
-    return parse(chat, chat=True, context_length=context_length)
+    return replace(parse(within(chat, context_length), chat=True, context_length=context_length),
+                   within_context=True)
 
 
 class ResponsesReply(TextThenCalls):
