@@ -18,15 +18,16 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_pair(pair: str, backend: str, draft_backend: str | None = None, device: str | None = None,
-              target: str | None = None, draft: str | None = None):
+              target: str | None = None, draft: str | None = None, context: int | None = None):
     """(target, draft) for the command line: ``tiny`` (random, built in a second), a registered real pair, or the
-    custom pair of files ``target`` and ``draft``."""
+    custom pair of files ``target`` and ``draft``; ``context`` as core.models.load_pair takes it."""
     from core import models
 
     if target or draft:
         if not (target and draft):
             raise ValueError("a custom pair needs both --target and --draft")
-        return models.load_custom_pair(target, draft, backend=backend, device=device)
+        return models.load_custom_pair(target, draft, backend=backend, device=device, context=context)
     if pair == "tiny":   # in-process transformers models whatever the backend asked for
         backend = draft_backend = "hf"
-    return models.load_pair(pair, backend=backend, draft_backend=draft_backend or backend, device=device)
+    return models.load_pair(pair, backend=backend, draft_backend=draft_backend or backend, device=device,
+                            context=context)

@@ -126,10 +126,15 @@ def _read_folder(folder: Path, dtype: torch.dtype):
             raise ModelLoadError(f"cannot load a transformers model from {folder}: {e}") from e
 
 
-def _hf_backend(model, tokenizer, device: str, name: str) -> Backend:
+def _hf_backend(model, tokenizer, device: str, name: str, context: int | None = None) -> Backend:
     from core.backends.hf import HFBackend
 
-    return HFBackend(model, tokenizer, device=device, name=name)
+    if context:
+        trained = int(getattr(model.config, "max_position_embeddings", context))
+        if context > trained:
+            raise ModelLoadError(f"{name} was trained with a context of {trained} tokens; a context of {context} "
+                                 f"was asked for. Choose at most {trained}.")
+    return HFBackend(model, tokenizer, device=device, name=name, context_length=context or None)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -191,7 +196,8 @@ def _convert_gguf(gguf: Path, folder: Path, dtype: torch.dtype, progress: Progre
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _hf_from_gguf(gguf: Path, device: str, dtype: torch.dtype, progress: Progress | None) -> Backend:
+def _hf_from_gguf(gguf: Path, device: str, dtype: torch.dtype, progress: Progress | None,
+                  context: int | None = None) -> Backend:
     """The GGUF file converted once for transformers; a damaged converted copy is deleted and converted again once."""
     folder = converted_folder(gguf, dtype)
     loaded = None
@@ -214,15 +220,18 @@ def _hf_from_gguf(gguf: Path, device: str, dtype: torch.dtype, progress: Progres
         except ModelLoadError as e:
             raise ModelLoadError(f"the converted copy of {gguf.name} in {folder} cannot be loaded ({e}); delete "
                                  "that folder, check the disk, or use the llama.cpp backend") from e
-    return _hf_backend(*loaded, device, gguf.name)
+    return _hf_backend(*loaded, device, gguf.name, context)
 
 
 def load_backend(path: str | Path, backend: str | None = None, device: str | None = None, n_threads: int | None = None,
-                 progress: Progress | None = None, dtype: torch.dtype | None = None) -> Backend:
+                 progress: Progress | None = None, dtype: torch.dtype | None = None,
+                 context: int | None = None) -> Backend:
     """One model as a backend: a GGUF file on llama.cpp (or converted for ``backend="hf"``), or a transformers folder.
 
     ``backend=None`` infers it: a file -> llama.cpp, a folder -> hf. On transformers, ``device=None`` is CUDA when
     present, else the CPU, and ``dtype=None`` is the device's precision (core.backends.devices.default_dtype).
+    ``context``: the tokens a prompt and its answer may fill (None: the backend's default; 0: all the model was
+    trained with).
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -236,16 +245,16 @@ def load_backend(path: str | Path, backend: str | None = None, device: str | Non
         if progress:
             progress(f"Loading {path.name} (transformers)", 0.0)
         device = check_device(device)
-        return _hf_backend(*_read_folder(path, dtype or default_dtype(device)), device, path.name)
+        return _hf_backend(*_read_folder(path, dtype or default_dtype(device)), device, path.name, context)
     check_gguf_file(path)
     if kind == "hf":
         device = check_device(device)
-        return _hf_from_gguf(path, device, dtype or default_dtype(device), progress)
+        return _hf_from_gguf(path, device, dtype or default_dtype(device), progress, context)
     from core.backends.llamacpp import LlamaCppBackend
 
     if progress:
         progress(f"Loading {path.name} (llama.cpp)", 0.0)
-    return LlamaCppBackend(path, n_ctx=None, n_threads=n_threads, device=device)
+    return LlamaCppBackend(path, n_ctx=context, n_threads=n_threads, device=device)
 
 
 def _checked(target: Backend, draft: Backend) -> tuple[Backend, Backend]:
@@ -258,11 +267,12 @@ def _checked(target: Backend, draft: Backend) -> tuple[Backend, Backend]:
 
 def load_pair(name: str = "default", backend: str = "llama.cpp", device: str | None = None,
               n_threads: int | None = None, progress: Progress | None = None,
-              draft_backend: str | None = None) -> tuple[Backend, Backend]:
+              draft_backend: str | None = None, context: int | None = None) -> tuple[Backend, Backend]:
     """(target, draft) of the registered pair ``name`` on ``backend`` ("llama.cpp" or "hf").
 
     ``draft_backend`` runs the draft on another backend than the target (same tokenizer, so still lossless).
-    ``progress(message, fraction)`` is called as files are assembled, converted and loaded.
+    ``progress(message, fraction)`` is called as files are assembled, converted and loaded. ``context``: as
+    :func:`load_backend` takes it, for both (the draft reads every prompt the target reads).
     """
     spec = PAIRS.get(name)
     if spec is None:
@@ -274,13 +284,18 @@ def load_pair(name: str = "default", backend: str = "llama.cpp", device: str | N
         if kind not in spec.backends:
             raise ModelLoadError(f"the {name!r} pair runs on {', '.join(spec.backends)} only, not {kind}")
     if spec.build is not None:
-        return _checked(*spec.build(device=device))
+        target, draft = spec.build(device=device)
+        if context and context != target.context_length:
+            raise ModelLoadError(f"the {name!r} pair is built with a context of {target.context_length} tokens; "
+                                 f"a context of {context} cannot be chosen for it")
+        return _checked(target, draft)
     total = spec.target.size + spec.draft.size
     split = spec.target.size / total * 0.5
     target_path = assemble(spec.target, progress=_scaled(progress, 0.0, split))
     draft_path = assemble(spec.draft, progress=_scaled(progress, split, 0.5))
-    target = load_backend(target_path, backend, device, n_threads, _scaled(progress, 0.5, 0.8))
-    draft = load_backend(draft_path, draft_backend, device, n_threads, _scaled(progress, 0.8, 1.0))
+    target = load_backend(target_path, backend, device, n_threads, _scaled(progress, 0.5, 0.8), context=context)
+    draft = load_backend(draft_path, draft_backend, device, n_threads, _scaled(progress, 0.8, 1.0),
+                         context=None if context is None else target.context_length)
     if progress:
         progress("Models ready", 1.0)
     return _checked(target, draft)
@@ -288,13 +303,15 @@ def load_pair(name: str = "default", backend: str = "llama.cpp", device: str | N
 
 def load_custom_pair(target_path: str | Path, draft_path: str | Path, backend: str | None = None,
                      device: str | None = None, n_threads: int | None = None,
-                     progress: Progress | None = None) -> tuple[Backend, Backend]:
+                     progress: Progress | None = None, context: int | None = None) -> tuple[Backend, Backend]:
     """(target, draft) from two GGUF files or two transformers folders, checked to share one tokenizer.
 
-    ``backend=None`` infers each side from its path: a .gguf file -> llama.cpp, a folder -> hf.
+    ``backend=None`` infers each side from its path: a .gguf file -> llama.cpp, a folder -> hf. ``context``: as
+    :func:`load_pair` takes it.
     """
-    target = load_backend(target_path, backend, device, n_threads, _scaled(progress, 0.0, 0.6))
-    draft = load_backend(draft_path, backend, device, n_threads, _scaled(progress, 0.6, 1.0))
+    target = load_backend(target_path, backend, device, n_threads, _scaled(progress, 0.0, 0.6), context=context)
+    draft = load_backend(draft_path, backend, device, n_threads, _scaled(progress, 0.6, 1.0),
+                         context=None if context is None else target.context_length)
     if progress:
         progress("Models ready", 1.0)
     return _checked(target, draft)

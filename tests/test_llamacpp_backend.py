@@ -369,3 +369,23 @@ def test_bad_model_files(tmp_path, files):
     with pytest.raises(ModelLoadError, match=f"context of {CONTEXT} tokens"):
         LlamaCppBackend(files["target"], n_ctx=CONTEXT * 2)
     assert LlamaCppBackend(files["target"], n_ctx=None).context_length == CONTEXT
+
+
+def test_a_pair_opens_with_the_context_asked_for_and_says_what_it_cannot_hold(tmp_path):
+    """`speclens serve --ctx-size N` (agents' prompts need more than the default): both models get N, 0 is all the
+    target was trained with, more than that is refused with the figure to choose."""
+    from core.backends.base import BackendError
+    from core.cli_args import open_pair
+    from core.serve.cli import parser
+
+    target_file = write_tiny_gguf(tmp_path / "t.gguf", seed=0, context=512)
+    draft_file = write_tiny_gguf(tmp_path / "d.gguf", seed=0, noise=0.05, context=1024)
+    for asked, held in ((384, 384), (0, 512)):
+        target, draft = open_pair("default", "llama.cpp", target=str(target_file), draft=str(draft_file),
+                                  context=asked)
+        assert (target.context_length, draft.context_length) == (held, held)
+    with pytest.raises(BackendError, match="trained with a context of 512 tokens.*Choose at most 512"):
+        open_pair("default", "llama.cpp", target=str(target_file), draft=str(draft_file), context=600)
+    with pytest.raises(BackendError, match="built with a context of"):
+        open_pair("tiny", "hf", context=100)
+    assert parser().parse_args(["-c", "16384"]).ctx_size == 16384

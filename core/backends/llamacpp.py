@@ -112,8 +112,8 @@ class ContextTuning:
 class LlamaCppBackend:
     """One GGUF model in llama.cpp, implementing the Backend protocol (see core/backends/base.py).
 
-    ``n_ctx=None`` takes the smaller of 4096 and the model's training context; asking for more than the training
-    context is a ModelLoadError. ``n_threads`` defaults to every core this process may use. ``n_seq_max`` bounds
+    ``n_ctx=None`` takes the smaller of 4096 and the model's training context, ``n_ctx=0`` the training context;
+    asking for more than the training context is a ModelLoadError. ``n_threads`` defaults to every core this process may use. ``n_seq_max`` bounds
     the leaves of one tree (one sequence each, plus the committed one). ``n_batch`` bounds the nodes of one call.
     ``precise=True`` keeps K/V in float32 and turns flash attention off: logits then depend on the batch shape
     by about 2e-5 instead of about 2e-3 (tests use it to check the cache logic tightly), at some speed and memory.
@@ -148,6 +148,8 @@ class LlamaCppBackend:
         n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
         if n_ctx is None:
             n_ctx = min(DEFAULT_CONTEXT, n_ctx_train)
+        elif n_ctx == 0:     # llama.cpp's own convention: the context the model was trained with
+            n_ctx = n_ctx_train
         if not isinstance(n_ctx, int) or n_ctx < 8:
             self.close()
             raise ModelLoadError(f"context size must be an integer of at least 8 tokens, got {n_ctx!r}")

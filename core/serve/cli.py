@@ -32,7 +32,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--strategy", default="auto", help="how to decode: auto (default), baseline, chain:K, memory, ... "
                    "(the names `speclens bench --modes` takes)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (needed off loopback)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                   help="tokens a prompt and its answer may fill, as llama-server's option (default 4096 or less; 0: "
+                        "all the model was trained with; agents' prompts want 16k or more)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (needed "
+                   "off loopback)")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 503 + Retry-After")
     p.add_argument("--model-name", default=None, help="the model id clients ask for (default: the target's file)")
     p.add_argument("--memory", choices=("session", "off"), default="session",
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print("speclens serve: loading the models ...", file=sys.stderr, flush=True)
         target, draft = engine.submit(lambda: open_pair(args.pair, args.backend, args.draft_backend, args.device,
-                                                        args.target, args.draft)).result()
+                                                        args.target, args.draft, args.ctx_size)).result()
         models = ServedModels(target, draft, strategy, args.model_name or model_name(target),
                               remember_answers=args.memory == "session")
         engine.submit(lambda: warm_for_requests(models)).result()
@@ -107,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speclens serve: {exc}", file=sys.stderr)
         return 2
     app = create_app(models, engine, api_key=args.api_key, max_queue=args.max_queue)
-    print(f"speclens serve: {models.name} ({models.strategy.label}) at http://{args.host}:{args.port}/v1",
+    print(f"speclens serve: {models.name} ({models.strategy.label}, a context of {target.context_length} tokens) "
+          f"at http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")).run()
     engine.close()
