@@ -61,6 +61,7 @@ class PairChoice:
     device: str | None   # None: a GPU when there is one, else the CPU
     target_path: str = ""
     draft_path: str = ""
+    context: int | None = None   # tokens a prompt and its answer may fill (0: all the model was trained with)
 
     @property
     def label(self) -> str:
@@ -148,7 +149,8 @@ def strategy_options() -> list[StrategyOption]:
 # The whole numbers a setting may hold: what the settings dialog offers, and all a saved settings.ini may say
 RANGES = {"chain_k": (1, 64), "multi_k": (1, 32), "multi_length": (1, 32), "ngram_k": (1, 64),
           "tree_budget": (2, 128), "tree_depth": (1, 32), "top_k": (0, 1_000_000), "seed": (-1, 2**31 - 1),
-          "max_new_tokens": (1, 32768), "min_new_tokens": (0, 32768), "serve_port": (1024, 65535)}
+          "max_new_tokens": (1, 32768), "min_new_tokens": (0, 32768), "serve_port": (1024, 65535),
+          "context_size": (0, 1_048_576)}
 # the sampling settings SamplingParams checks itself, by the name it gives them
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p"}
 
@@ -162,6 +164,7 @@ class AppSettings:
     draft_path: str = ""
     backend: str = "llama.cpp"
     device: str = AUTO_DEVICE
+    context_size: int = 4096       # tokens a prompt and its answer may fill; 0: all the model was trained with
     strategy: str = "auto"
     chain_k: int = 4
     multi_k: int = 2
@@ -194,7 +197,8 @@ class AppSettings:
         if self.pair == CUSTOM_PAIR and not (self.target_path and self.draft_path):
             raise SettingsError("a custom pair needs both a target and a draft model (GGUF file or folder)")
         paths = (self.target_path, self.draft_path) if self.pair == CUSTOM_PAIR else ("", "")
-        return PairChoice(self.pair, self.backend, None if self.device == AUTO_DEVICE else self.device, *paths)
+        return PairChoice(self.pair, self.backend, None if self.device == AUTO_DEVICE else self.device, *paths,
+                          context=self.context_size)
 
     def sampling(self) -> SamplingParams:
         """The sampling parameters; raises core.sampling.SamplingError on a bad value."""

@@ -134,6 +134,11 @@ class SettingsDialog(QDialog):
         self.device_combo.setCurrentText(s.device)
         form.addRow("Device", self.device_combo)
         form.addRow(_help("Where both models run. CUDA appears when PyTorch sees a GPU."))
+        self.context = _spin("context_size", s.context_size, "model's own")
+        self.context.setSingleStep(1024)
+        form.addRow("Context", self.context)
+        form.addRow(_help("Tokens a prompt and its answer may fill: a long file to edit needs more (memory grows with "
+                          "it). Model's own: all it was trained with."))
         return box
 
     def _path_row(self, value: str, role: str) -> tuple[QLineEdit, QWidget]:
@@ -312,7 +317,7 @@ class SettingsDialog(QDialog):
         return replace(
             self._initial, pair=self.pair_combo.currentData(), target_path=self.target_edit.text().strip(),
             draft_path=self.draft_edit.text().strip(), backend=self.backend_combo.currentText(),
-            device=self.device_combo.currentText(), strategy=self.strategy_combo.currentData(),
+            device=self.device_combo.currentText(), context_size=self.context.value(), strategy=self.strategy_combo.currentData(),
             chain_k=self.chain_k.value(), multi_k=self.multi_k.value(), multi_length=self.multi_length.value(),
             ngram_k=self.ngram_k.value(), tree_branching=self.tree_branching.text().strip(),
             tree_budget=self.tree_budget.value(), tree_depth=self.tree_depth.value(),

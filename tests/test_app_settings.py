@@ -32,11 +32,13 @@ def test_bad_sampling_value_is_shown_and_the_dialog_stays_open(dialog):
     dialog.temperature.setValue(0.7)
     dialog.seed.setValue(42)
     dialog.min_p.setValue(0.05)
+    dialog.context.setValue(16384)
     dialog.accept()
     assert not dialog.isVisible()
     accepted = dialog.result_settings
     assert accepted.sampling() == accepted.sampling().__class__(temperature=0.7, top_k=0, top_p=0.9, min_p=0.05,
                                                                 seed=42)
+    assert accepted.pair_choice().context == 16384      # a new context is a new pair to load
 
 
 def test_bad_tree_shape_is_shown(dialog):
@@ -85,7 +87,8 @@ def test_settings_round_trip_through_qsettings(data_dir):
 
     create_app()
     chosen = AppSettings(pair="tiny", backend="hf", strategy="multidraft", multi_k=3, temperature=0.5, top_k=20,
-                         top_p=0.8, min_p=0.1, seed=7, max_new_tokens=99, theme="dark", color_origins=False)
+                         top_p=0.8, min_p=0.1, seed=7, max_new_tokens=99, theme="dark", color_origins=False,
+                         context_size=0)
     save_settings(chosen)
     assert load_settings() == chosen
     assert load_settings(theme="light") == replace(chosen, theme="light")
@@ -140,7 +143,7 @@ def test_saved_settings_that_cannot_generate_fall_back_to_defaults_naming_each(d
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "settings.ini").write_text("[General]\ntemperature=nan\ntop_p=7\nmin_p=1\nstrategy=tree\n"
                                            "tree_branching=\"99,99\"\nmax_new_tokens=-5\nchain_k=500\n"
-                                           "min_new_tokens=-1\nseed=12\n")
+                                           "min_new_tokens=-1\nseed=12\ncontext_size=-5\n")
     settings, notices = read_settings()
     defaults = AppSettings()
     assert (settings.temperature, settings.top_p, settings.min_p, settings.tree_branching, settings.max_new_tokens,
@@ -150,7 +153,7 @@ def test_saved_settings_that_cannot_generate_fall_back_to_defaults_naming_each(d
     assert settings.strategy == "tree" and settings.seed == 12      # the usable values are kept
     assert settings.problems() == []
     for named in ("temperature=nan", "top_p=7.0", "min_p=1.0", "tree_branching='99,99'", "max_new_tokens=-5",
-                  "chain_k=500", "min_new_tokens=-1"):
+                  "chain_k=500", "min_new_tokens=-1", "context_size=-5"):
         assert sum(named in n for n in notices) == 1, named
     assert all("settings.ini" in n for n in notices)
 

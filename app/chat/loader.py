@@ -18,8 +18,9 @@ def load_backends(choice: PairChoice, progress: Progress) -> tuple[object, objec
 
     if choice.name == CUSTOM_PAIR:
         return models.load_custom_pair(choice.target_path, choice.draft_path, backend=choice.backend,
-                                       device=choice.device, progress=progress)
-    return models.load_pair(choice.name, backend=choice.backend, device=choice.device, progress=progress)
+                                       device=choice.device, progress=progress, context=choice.context)
+    return models.load_pair(choice.name, backend=choice.backend, device=choice.device, progress=progress,
+                            context=choice.context)
 
 
 def load_job(choice: PairChoice, load: Callable[[PairChoice, Progress], tuple] | None = None):
