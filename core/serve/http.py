@@ -1,9 +1,11 @@
-"""The OpenAI-compatible HTTP face of the engine (FastAPI): it only translates.
+"""The HTTP face of the engine (FastAPI): it only translates. OpenAI's chat and text completions, its Responses API
+(core.serve.responses), Anthropic's Messages API (core.serve.messages) and llama-server's own endpoints
+(core.serve.native, core.serve.vocab).
 
 Requests become engine jobs (core.serve.job) with a cancel event, queued in order on the one engine thread; the
-job's items become OpenAI's JSON or server-sent events; finished requests become metrics. Every refusal has OpenAI's
-error shape (``{"error": {"message", "type", "param", "code"}}``) and a 4xx status, and no traceback ever reaches a
-client. A client that goes away cancels its generation within one step.
+job's items become each API's JSON or server-sent events; finished requests become metrics. Every refusal has the
+API's error shape (OpenAI's ``{"error": {"message", "type", "param", "code"}}``, Anthropic's on its own) and a 4xx
+status, and no traceback ever reaches a client. A client that goes away cancels its generation within one step.
 """
 from __future__ import annotations
 
