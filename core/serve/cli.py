@@ -1,12 +1,16 @@
-"""`speclens serve`: the engine as an OpenAI-compatible server on loopback, with Predicted Outputs.
+"""`speclens serve`: the engine as an OpenAI-, Anthropic- and llama-server-compatible server on loopback, with
+Predicted Outputs.
 
     speclens serve                                   # the default pair, Auto, http://127.0.0.1:8000/v1
     speclens serve --target T.gguf --draft D.gguf --port 8080 --api-key KEY
+    speclens serve -c 0                              # the model's whole context, for agents' long prompts
 
 Any OpenAI client works: ``OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="KEY or anything")``. A request's
 ``prediction`` (the text the answer is expected to repeat, e.g. the file being edited) is drafted from losslessly.
-Agents offer ``tools`` and get ``tool_calls`` back. Clients made for llama-server work through its own endpoints:
-``/infill`` (llama.vim, llama.vscode, completing at the cursor) and ``/completion`` (Continue's llama.cpp provider).
+Agents offer ``tools`` and get ``tool_calls`` back, through chat completions, the Responses API (Codex) or
+Anthropic's Messages API (Claude Code: ``ANTHROPIC_BASE_URL=http://127.0.0.1:8000``). Clients made for llama-server
+work through its own endpoints: ``/infill`` (llama.vim, llama.vscode, completing at the cursor), ``/completion``
+(Continue's llama.cpp provider), ``/tokenize``, ``/detokenize``, ``/apply-template`` and ``/props``.
 """
 from __future__ import annotations
 
