@@ -125,6 +125,9 @@ def test_the_request_keeps_the_cursor_the_limits_and_the_fields_asked_for():
     assert request.text == f"{BEFORE}{TYPED}{MIDDLE_MARK}{AFTER}" and fields == ("content",)
     assert parse_infill({"n_predict": -1}, 4096)[0].max_tokens is None
     assert parse_infill({"max_tokens": 9}, 4096)[0].max_tokens == 9
+    # llama-server's n_predict is a ceiling: past the context it answers until the context is full, not refuses
+    ceiling = parse_infill({"n_predict": 10**6}, 4096)[0]
+    assert ceiling.max_tokens == 4096 and ceiling.within_context
     for bad, param in (({"input_extra": [{"filename": "a"}]}, "input_extra[0]"), ({"input_prefix": 3}, "input_prefix"),
                        ({"n_predict": -2}, "n_predict"), ({"n_probs": 3}, "n_probs"), ({"stream": "yes"}, "stream"),
                        ({"response_fields": "content"}, "response_fields"), ({"samplers": 5}, "samplers"),

@@ -28,7 +28,7 @@ import logging
 from core.backends.infill import Budget
 from core.sampling import MAX_TEMPERATURE, SamplingError, SamplingParams
 from core.serve.request import (MIN_P_ONE, Infill, RequestError, ServeRequest, json_object, number,
-                                prompt_of, refuse_forms, stop_sequences)
+                                prompt_of, refuse_forms, stop_sequences, within)
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _native(body: dict, context_length: int, endpoint: str, prompt: str | None =
                            param="n_probs")
     refuse_forms(body)
     name = "n_predict" if "n_predict" in body else "max_tokens"
-    limit = number(body, name, -1, -1, context_length, integer=True)
+    limit = number(within(body, context_length, name), name, -1, -1, context_length, integer=True)
     sampling, ignored = _sampling(body, context_length)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -158,7 +158,7 @@ def _native(body: dict, context_length: int, endpoint: str, prompt: str | None =
         model=_string(body, "model"), messages=None, prompt=prompt, max_tokens=None if limit < 0 else limit,
         sampling=sampling, stop=stop_sequences(body, MAX_STOPS), stream=stream, include_usage=False, prediction=None,
         infill=infill, pieces=pieces, min_indent=min_indent,
-        newline_after_s=newline_ms / 1000 if newline_ms > 0 else None)
+        newline_after_s=newline_ms / 1000 if newline_ms > 0 else None, within_context=True)
     for sampler in ignored:
         if sampler not in _warned:
             _warned.add(sampler)

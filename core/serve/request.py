@@ -56,8 +56,9 @@ class ServeRequest:
     tools: tuple[dict, ...] = ()    # OpenAI's tools a chat offers the model (core.serve.tools)
     min_indent: int = 0             # core.serve.stops.StopText's rules
     newline_after_s: float | None = None
-    # the agents' APIs (Anthropic's, Responses): max_tokens is a ceiling that the context left lowers, as llama-server
-    # takes it (an agent asks for 32k tokens whatever the model), where OpenAI's chat refuses what cannot fit
+    # the agents' APIs (Anthropic's, Responses) and llama-server's own: max_tokens is a ceiling that the context left
+    # lowers, as llama-server takes it (an agent asks for 32k tokens whatever the model), where OpenAI's endpoints
+    # refuse what cannot fit
     within_context: bool = False
 
     @property
@@ -196,12 +197,12 @@ def _limit(body: dict, context_length: int) -> int | None:
     return None if limit < 0 else limit
 
 
-def within(body: dict, context_length: int) -> dict:
-    """An agent's request with its ``max_tokens`` lowered to the context (a ceiling, not a demand: see
+def within(body: dict, context_length: int, name: str = "max_tokens") -> dict:
+    """A request with its limit ``name`` lowered to the context, where it is a ceiling rather than a demand (see
     ``ServeRequest.within_context``)."""
-    limit = body.get("max_tokens")
+    limit = body.get(name)
     whole = isinstance(limit, int) and not isinstance(limit, bool)
-    return {**body, "max_tokens": context_length} if whole and limit > context_length else body
+    return {**body, name: context_length} if whole and limit > context_length else body
 
 
 def parse(body, chat: bool, context_length: int) -> ServeRequest:
