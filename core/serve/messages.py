@@ -16,7 +16,7 @@ import uuid
 from dataclasses import replace
 
 from core.serve.request import (RequestError, ServeRequest, json_object, messages_of, parse, stop_sequences,
-                                within)
+                                text_of, within)
 from core.serve.tools import Holdback, TextThenCalls, offered
 
 MAX_STOPS = 64
@@ -28,22 +28,6 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 def error_body(exc: RequestError) -> dict:
     """A refusal in Anthropic's shape."""
     return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"), "message": exc.message}}
-
-
-def _text(content, where: str) -> str:
-    """Text content: a string, or a list of text blocks."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for i, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            if kind != "text" or not isinstance(block.get("text"), str):
-                raise RequestError(f"{where}[{i}]: only text blocks are supported here, not {kind!r}",
-                                   param=f"{where}[{i}]")
-            parts.append(block["text"])
-        return "".join(parts)
-    raise RequestError(f"{where} must be a string or a list of text blocks", param=where)
 
 
 def _turn(message, where: str) -> list[dict]:
@@ -68,7 +52,7 @@ def _turn(message, where: str) -> list[dict]:
                           "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}})
         elif kind == "tool_result" and role == "user":
             results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                            "content": _text(block.get("content", ""), f"{at}.content")})
+                            "content": text_of(block.get("content", ""), f"{at}.content")})
         elif kind in SKIPPED and role == "assistant":
             continue
         else:
@@ -104,7 +88,7 @@ def _chat_body(body: dict, need_max_tokens: bool) -> dict:
         raise RequestError("'messages' must be a non-empty list of {role, content}", param="messages")
     if need_max_tokens and "max_tokens" not in body:
         raise RequestError("'max_tokens' is required", param="max_tokens")
-    chat = [{"role": "system", "content": _text(body["system"], "system")}] if body.get("system") else []
+    chat = [{"role": "system", "content": text_of(body["system"], "system")}] if body.get("system") else []
     for i, message in enumerate(messages):
         chat.extend(_turn(message, f"messages[{i}]"))
     fields = {name: body[name] for name in ("max_tokens", "temperature", "top_p", "top_k", "stream", "min_tokens")

@@ -87,16 +87,18 @@ def number(body: dict, name: str, default, low: float, high: float, integer: boo
     return value
 
 
-def _text_of(content, where: str) -> str:
-    """A message's content as text: a string, or a list of text parts (other kinds of part are refused)."""
+def text_of(content, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A message's content as text: a string, or a list of text parts (of the ``kinds`` the API names them; other
+    kinds of part, images say, are refused)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"{where}: only text content parts are supported, not {kind!r}", param=where)
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind not in kinds or not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}[{i}]: only text parts are supported, not {kind!r} (SpecLens serves text "
+                                   "models)", param=where)
             parts.append(part["text"])
         return "".join(parts)
     raise RequestError(f"{where} must be a string or a list of text parts", param=where)
@@ -120,7 +122,7 @@ def messages_of(body: dict) -> tuple[dict, ...]:
             content = m.get("content")
         if role == "tool":
             message["tool_call_id"] = str(m.get("tool_call_id", ""))
-        message["content"] = _text_of(content, f"{where}.content")
+        message["content"] = text_of(content, f"{where}.content")
         out.append(message)
     return tuple(out)
 
@@ -183,7 +185,7 @@ def _prediction(body: dict) -> str | None:
         return None
     if not isinstance(prediction, dict) or prediction.get("type") != "content":
         raise RequestError("'prediction' must be {\"type\": \"content\", \"content\": ...}", param="prediction")
-    return _text_of(prediction.get("content"), "prediction.content")
+    return text_of(prediction.get("content"), "prediction.content")
 
 
 def _limit(body: dict, context_length: int) -> int | None:

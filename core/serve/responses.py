@@ -17,34 +17,18 @@ import time
 import uuid
 from dataclasses import replace
 
-from core.serve.request import RequestError, ServeRequest, json_object, parse, within
+from core.serve.request import RequestError, ServeRequest, json_object, parse, text_of, within
 from core.serve.tools import Holdback, TextThenCalls
 
 SKIPPED = ("reasoning",)             # an earlier answer's reasoning: templates drop it too
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _text(content, where: str) -> str:
-    """A message's content: a string, or a list of text parts."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise RequestError(f"{where} must be a string or a list of content parts", param=where)
-    parts = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise RequestError(f"{where}[{i}]: a {kind!r} part is not supported (text parts are; SpecLens serves text "
-                               "models)", param=f"{where}[{i}]")
-        parts.append(part["text"])
-    return "".join(parts)
-
-
 def _messages(body: dict) -> list[dict]:
     """The conversation as chat messages: ``instructions`` first, then each input item; an earlier function call
     joins the assistant message before it, its output is a ``tool`` message."""
-    chat = [{"role": "system", "content": _text(body["instructions"], "instructions")}] if body.get(
-        "instructions") else []
+    instructions = body.get("instructions")
+    chat = [{"role": "system", "content": text_of(instructions, "instructions", TEXT_PARTS)}] if instructions else []
     items = body.get("input")
     if isinstance(items, str):
         return chat + [{"role": "user", "content": items}]
@@ -54,7 +38,8 @@ def _messages(body: dict) -> list[dict]:
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message" and item.get("role") in ("user", "assistant", "system", "developer"):
-            chat.append({"role": item["role"], "content": _text(item.get("content"), f"{where}.content")})
+            chat.append({"role": item["role"],
+                         "content": text_of(item.get("content"), f"{where}.content", TEXT_PARTS)})
         elif kind == "function_call" and isinstance(item.get("name"), str):
             call = {"id": str(item.get("call_id", "")), "type": "function",
                     "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
@@ -63,7 +48,7 @@ def _messages(body: dict) -> list[dict]:
             chat[-1].setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             chat.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")),
-                         "content": _text(item.get("output", ""), f"{where}.output")})
+                         "content": text_of(item.get("output", ""), f"{where}.output", TEXT_PARTS)})
         elif kind in SKIPPED:
             continue
         else:
