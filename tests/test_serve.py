@@ -202,6 +202,8 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, body, sta
     error = r.json()["error"]
     assert r.status_code == status and set(error) == {"message", "type", "param", "code"}
     assert error["code"] == code and error["param"] == param and "Traceback" not in error["message"]
+    if code == "context_length_exceeded" and param == "messages":        # a prompt over the context: say what to do
+        assert "speclens serve -c N" in error["message"]
     assert chat(url, max_tokens=4).usage.completion_tokens == 4          # the next request is served
 
 

@@ -164,7 +164,9 @@ def _limits(models: ServedModels, request: ServeRequest, prompt: list[int]) -> i
         raise RequestError("the prompt is empty: there is nothing to continue", param=where)
     if room < 1:
         raise RequestError(f"This model's maximum context length is {context} tokens, but the {where} has "
-                           f"{len(prompt)} tokens. Shorten it.", param=where, code="context_length_exceeded")
+                           f"{len(prompt)} tokens. Shorten it, or serve a larger context (speclens serve -c N, 0 for "
+                           "all the model was trained with; in the window, Settings > Context).", param=where,
+                           code="context_length_exceeded")
     if request.within_context and request.max_tokens is not None:
         return min(request.max_tokens, room)
     if request.max_tokens is not None and request.max_tokens > room:
