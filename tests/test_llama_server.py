@@ -308,3 +308,47 @@ def test_speclens_tokenizes_detokenizes_and_renders_chats_as_llama_server(binary
             props = httpx.get(f"{root}/props", timeout=60).json()
             answers[name].append((props["default_generation_settings"]["n_ctx"], props["chat_template"]))
     assert answers["speclens"] == answers["llama-server"]
+
+
+@pytest.mark.llama_server
+def test_the_agents_apis_read_the_prompt_llama_server_reads(binary, tmp_path):
+    """Anthropic's Messages API and the Responses API, with tools and a history of a call and its result, read into
+    the same prompt tokens as llama-server's own /v1/messages and /v1/responses on the same file; count_tokens too."""
+    import httpx
+
+    from core.backends.llamacpp import LlamaCppBackend
+    from core.memory import Memory
+    from core.serve.job import ServedModels
+    from tests.served import serving
+    from tests.test_serve_tools import TOOLS_TEMPLATE, WEATHER
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", context=1024, chat_template=TOOLS_TEMPLATE)
+    tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}
+    called = {"model": "m", "max_tokens": 1, "temperature": 0, "system": "Be useful.", "tools": [tool], "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Looking."}, {
+            "type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "9C"},
+                                     {"type": "text", "text": "And tomorrow?"}]}]}
+    plain = {"model": "m", "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    response = {"model": "m", "max_output_tokens": 1, "temperature": 0, "instructions": "Be useful.",
+                "tools": [{"type": "function", **WEATHER["function"]}], "input": [
+                    {"role": "user", "content": "Weather in Paris?"},
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+                    {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    {"type": "function_call_output", "call_id": "c1", "output": "9C"},
+                    {"role": "user", "content": "And tomorrow?"}]}
+    read = {}
+    target = LlamaCppBackend(path, n_ctx=1024, n_threads=1)
+    with serving(ServedModels(target, None, Memory(8, 8), "t")) as (url, _), \
+            LlamaServer(path, threads=1, context=1024, extra=("--jinja",)) as server:
+        for name, root in (("speclens", url), ("llama-server", server.url)):
+            read[name] = []
+            for body in (plain, called):
+                usage = httpx.post(f"{root}/v1/messages", json=body, timeout=60).json()["usage"]
+                counted = httpx.post(f"{root}/v1/messages/count_tokens", json=body, timeout=60).json()
+                read[name] += [usage["input_tokens"] + usage["cache_read_input_tokens"], counted["input_tokens"]]
+            read[name].append(httpx.post(f"{root}/v1/responses", json=response, timeout=60).json()["usage"][
+                "input_tokens"])
+    assert read["speclens"] == read["llama-server"]
