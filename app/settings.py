@@ -203,7 +203,8 @@ class AppSettings:
     def sampling(self) -> SamplingParams:
         """The sampling parameters; raises core.sampling.SamplingError on a bad value."""
         return SamplingParams(temperature=float(self.temperature), top_k=int(self.top_k), top_p=float(self.top_p),
-                              min_p=float(self.min_p), seed=None if self.seed < 0 else int(self.seed), min_tokens=int(self.min_new_tokens))
+                              min_p=float(self.min_p), seed=None if self.seed < 0 else int(self.seed),
+                              min_tokens=int(self.min_new_tokens))
 
     def problems(self) -> list[tuple[tuple[str, ...], str]]:
         """Every reason these settings cannot generate: (the fields at fault, what is wrong, naming their values), none

@@ -255,4 +255,3 @@ def props(models, build: str) -> dict:
             "build_info": build,
             "speclens": {"strategy": models.strategy.label,
                          "draft": getattr(models.draft, "name", None)}}
-
