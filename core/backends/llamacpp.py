@@ -114,9 +114,10 @@ class LlamaCppBackend:
 
     ``n_ctx=None`` takes the smaller of 4096 and the model's training context, ``n_ctx=0`` the training context;
     asking for more than the training context is a ModelLoadError. ``n_threads`` defaults to every core this process
-    may use. ``n_seq_max`` bounds the leaves of one tree (one sequence each, plus the committed one). ``n_batch`` bounds the nodes of one call.
-    ``precise=True`` keeps K/V in float32 and turns flash attention off: logits then depend on the batch shape
-    by about 2e-5 instead of about 2e-3 (tests use it to check the cache logic tightly), at some speed and memory.
+    may use. ``n_seq_max`` bounds the leaves of one tree (one sequence each, plus the committed one). ``n_batch``
+    bounds the nodes of one call. ``precise=True`` keeps K/V in float32 and turns flash attention off: logits then
+    depend on the batch shape by about 2e-5 instead of about 2e-3 (tests use it to check the cache logic tightly), at
+    some speed and memory.
     """
 
     def __init__(self, model_path: str | Path, n_ctx: int | None = DEFAULT_CONTEXT, n_threads: int | None = None,
