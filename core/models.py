@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from core.assembly import Chunk, ChunkedFile, Progress, assemble, cache_dir
-from core.backends.base import Backend, IncompatibleModelsError, ModelLoadError, check_pair
+from core.backends.base import Backend, IncompatibleModelsError, ModelLoadError, check_pair, check_trained_context
 from core.backends.devices import (LOAD_ADVICE, check_device, default_dtype, is_out_of_memory,
                                    out_of_memory_as_error)
 from core.backends.llamacpp import check_gguf_file
@@ -130,10 +130,7 @@ def _hf_backend(model, tokenizer, device: str, name: str, context: int | None = 
     from core.backends.hf import HFBackend
 
     if context:
-        trained = int(getattr(model.config, "max_position_embeddings", context))
-        if context > trained:
-            raise ModelLoadError(f"{name} was trained with a context of {trained} tokens; a context of {context} "
-                                 f"was asked for. Choose at most {trained}.")
+        check_trained_context(name, context, int(getattr(model.config, "max_position_embeddings", context)))
     return HFBackend(model, tokenizer, device=device, name=name, context_length=context or None)
 
 

@@ -203,6 +203,14 @@ def check_fits(backend: Backend, needed: int) -> None:
         )
 
 
+def check_trained_context(name: str, asked: int, trained: int) -> None:
+    """ModelLoadError where a context of ``asked`` tokens is more than the model ``name`` was trained with, saying
+    what may be chosen."""
+    if asked > trained:
+        raise ModelLoadError(f"{name} was trained with a context of {trained} tokens; a context of {asked} was "
+                             f"asked for. Choose at most {trained}.")
+
+
 def check_token_ids(ids: Sequence, vocab_size: int, what: str = "token ids") -> list[int]:
     """``ids`` as a list of ints, each a real integer in the vocabulary (``3.7`` or ``'5'`` are errors, not ids)."""
     out = []

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from core.backends.base import (
-    BackendError, Cancelled, LogitRows, ModelLoadError, Progress, check_fits, check_tree_call, plain_text_template,
-    prefill_chunks, reusable_prefix, tokenizer_digest,
+    BackendError, Cancelled, LogitRows, ModelLoadError, Progress, check_fits, check_trained_context, check_tree_call,
+    plain_text_template, prefill_chunks, reusable_prefix, tokenizer_digest,
 )
 from core.backends.files import kind_of
 from core.backends.infill import FimTokens
@@ -154,10 +154,11 @@ class LlamaCppBackend:
         if not isinstance(n_ctx, int) or n_ctx < 8:
             self.close()
             raise ModelLoadError(f"context size must be an integer of at least 8 tokens, got {n_ctx!r}")
-        if n_ctx > n_ctx_train:
+        try:
+            check_trained_context(path.name, n_ctx, n_ctx_train)
+        except ModelLoadError:
             self.close()
-            raise ModelLoadError(f"{path.name} was trained with a context of {n_ctx_train} tokens; a context of "
-                                 f"{n_ctx} was asked for. Choose at most {n_ctx_train}.")
+            raise
         threads = int(n_threads) if n_threads else available_cores()
         if threads < 1:
             self.close()
