@@ -158,7 +158,8 @@ def refuse_forms(body: dict) -> None:
                                param=name)
 
 
-def is_token_id(value) -> bool:
+def is_integer(value) -> bool:
+    """A JSON whole number (a token id, a limit), which true and false are not."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -170,8 +171,8 @@ def prompt_of(body: dict) -> str | tuple[str | int, ...]:
         prompt = prompt[0]      # a list of one prompt
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt and all(is_token_id(p) or isinstance(p, str) for p in prompt) and (
-            any(is_token_id(p) for p in prompt)):
+    if isinstance(prompt, list) and prompt and all(is_integer(p) or isinstance(p, str) for p in prompt) and (
+            any(is_integer(p) for p in prompt)):
         return tuple(prompt)
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise RequestError(f"'prompt' holds {len(prompt)} prompts: SpecLens answers one per request (one engine "
@@ -203,8 +204,7 @@ def within(body: dict, context_length: int, name: str = "max_tokens") -> dict:
     """A request with its limit ``name`` lowered to the context, where it is a ceiling rather than a demand (see
     ``ServeRequest.within_context``)."""
     limit = body.get(name)
-    whole = isinstance(limit, int) and not isinstance(limit, bool)
-    return {**body, name: context_length} if whole and limit > context_length else body
+    return {**body, name: context_length} if is_integer(limit) and limit > context_length else body
 
 
 def parse(body, chat: bool, context_length: int) -> ServeRequest:

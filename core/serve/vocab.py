@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from core.backends.base import BackendError, check_token_ids
-from core.serve.request import RequestError, is_token_id, json_object
+from core.serve.request import RequestError, is_integer, json_object
 
 
 def token_ids(target, pieces: Sequence[str | int], add_special: bool = True, parse_special: bool = True,
@@ -68,7 +68,7 @@ def tokenize(target, body) -> dict:
     content = body.get("content", "")
     if isinstance(content, str):
         content = [content]
-    if not isinstance(content, list) or not all(isinstance(p, str) or is_token_id(p) for p in content):
+    if not isinstance(content, list) or not all(isinstance(p, str) or is_integer(p) for p in content):
         raise RequestError("'content' must be text, or a list of token ids and texts", param="content")
     with_pieces = _flag(body, "with_pieces", False)
     try:
@@ -82,7 +82,7 @@ def tokenize(target, body) -> dict:
 def detokenize(target, body) -> dict:
     """``/detokenize``: ``tokens`` (ids) as text, control tokens spelled out."""
     tokens = json_object(body).get("tokens", [])
-    if not isinstance(tokens, list) or not all(is_token_id(t) for t in tokens):
+    if not isinstance(tokens, list) or not all(is_integer(t) for t in tokens):
         raise RequestError("'tokens' must be a list of token ids", param="tokens")
     try:
         return {"content": text_of(target, check_token_ids(tokens, target.vocab_size, "'tokens'"))}
