@@ -409,7 +409,7 @@ class _Reply:
             content, calls = self.held.whole(finished.text)
             choice = {"message": {"role": "assistant", "content": content}}
             if calls:
-                choice["message"] = {"role": "assistant", "content": content.strip() or None,
+                choice["message"] = {"role": "assistant", "content": content and content.strip(),
                                      "tool_calls": [c.openai() for c in calls]}
                 reason = _called(reason)
         return {**self._head("chat.completion" if self.chat else "text_completion"),

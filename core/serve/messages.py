@@ -161,7 +161,7 @@ class MessagesReply(TextThenCalls):
     def whole(self, items: list) -> dict:
         finished = items[-1]
         text, calls = self.held.whole(finished.text)
-        content = [{"type": "text", "text": text}] if text.strip() or not calls else []
+        content = [{"type": "text", "text": text}] if text is not None else []
         content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)} for c in calls]
         reason, word = _stop(finished, bool(calls))
         return {**self._message(content, reason, word, finished.usage["completion_tokens"]),

@@ -184,5 +184,5 @@ class ResponsesReply(TextThenCalls):
     def whole(self, items: list) -> dict:
         finished = items[-1]
         text, calls = self.held.whole(finished.text)
-        output = [self._message(text, "completed")] if text.strip() or not calls else []
+        output = [self._message(text, "completed")] if text is not None else []
         return self._response("completed", output + [self._call(c) for c in calls], finished)

@@ -182,9 +182,11 @@ class Holdback:
         piece, self._sent = self._text[self._sent:upto], upto
         return piece
 
-    def whole(self, text: str) -> tuple[str, list[ToolCall]]:
-        """A finished answer's ``text`` answered whole: its content without the calls, and the calls."""
-        return split_calls(text, self.names) if self.names else (text, [])
+    def whole(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """A finished answer's ``text`` answered whole: its content without the calls (None where that is blank
+        beside calls: there is no text to show), and the calls."""
+        content, calls = split_calls(text, self.names) if self.names else (text, [])
+        return (None if calls and not content.strip() else content), calls
 
     def finish(self, text: str, begun: bool = True) -> tuple[str | None, list[ToolCall]]:
         """The finished answer's ``text``: what of its content is still to be sent, and its calls. None where
