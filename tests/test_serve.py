@@ -227,16 +227,17 @@ def test_an_api_key_is_required_when_set(models):
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200     # health needs no key
 
 
-def test_a_disconnected_client_cancels_its_generation(server):
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": ASK, "max_tokens": 3000}),
+                                        ("/v1/messages", {"messages": ASK, "max_tokens": 3000}),
+                                        ("/v1/responses", {"input": ASK, "max_output_tokens": 3000})])
+def test_a_disconnected_client_cancels_its_generation(server, path, body):
     url, _, recorder = server
     recorder.settled()
     before = len(recorder.records)
-    body = {"model": "tiny", "messages": ASK, "max_tokens": 3000, "min_tokens": 3000, "temperature": 0,
-            "stream": True}
+    body = {"model": "tiny", **body, "min_tokens": 3000, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: ")
+        with http.stream("POST", f"{url}{path}", json=body) as response:
+            assert response.status_code == 200 and next(response.iter_lines())
     # the server notices, cancels, and finishes the request well short of its 3000 tokens
     recorder.wait_until(lambda: len(recorder.records) > before)
     record = recorder.records[before]

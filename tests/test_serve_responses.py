@@ -1,7 +1,8 @@
 """OpenAI's Responses API (/v1/responses) driven with the real `openai` SDK, as agents such as Codex call it: the
 same conversation asked through it and through the chat endpoint is the same prompt and the same greedy answer;
 streamed (the SDK's own stream helper) and whole agree; a cut answer is incomplete; function calls out, earlier calls
-and their outputs back in; what SpecLens does not do is refused, not ignored."""
+and their outputs back in; a kept response goes on as the conversation it was, and is found and forgotten by its id;
+what SpecLens does not do is refused, not ignored."""
 from __future__ import annotations
 
 import httpx
@@ -9,7 +10,9 @@ import openai
 import pytest
 
 from core.memory import Memory
+from core.serve.errors import RequestError
 from core.serve.job import ServedModels
+from core.serve.kept import ResponseStore
 from core.serve.request import parse
 from core.serve.responses import parse_responses
 from core.serve.tools import split_calls
@@ -76,7 +79,7 @@ def test_earlier_calls_and_outputs_are_the_prompt_the_chat_endpoint_makes_of_the
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
         {"type": "function_call_output", "call_id": "c1", "output": "9C"},
-        {"role": "user", "content": "And tomorrow?"}]}, 4096)
+        {"role": "user", "content": "And tomorrow?"}]}, 4096, ResponseStore()).request
     chat = parse({"max_tokens": 9, "tools": [WEATHER], "messages": [
         {"role": "system", "content": "Be useful."}, {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "Looking.", "tool_calls": [
@@ -89,7 +92,9 @@ def test_earlier_calls_and_outputs_are_the_prompt_the_chat_endpoint_makes_of_the
 def test_what_speclens_does_not_do_is_refused_and_the_server_goes_on(tiny):
     image = {"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}
     for body, param, words in (
-            ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
+            ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "'resp_1' not found"),
+            ({"input": "x", "previous_response_id": 7}, "previous_response_id", "the id of a response"),
+            ({"input": "x", "store": "yes"}, "store", "true or false"),
             ({"input": [image]}, "input[0].content", "not 'input_image'"),
             ({"input": "x", "tools": [{"type": "web_search"}]}, "tools", "only function tools"),
             ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format", "json_schema"),
@@ -101,3 +106,74 @@ def test_what_speclens_does_not_do_is_refused_and_the_server_goes_on(tiny):
         error = r.json()["error"]
         assert error["param"] == param and words in error["message"], (body, error)
     assert client(tiny).responses.create(model="m", input="Hi", max_output_tokens=2).usage.output_tokens == 2
+
+
+def test_a_follow_up_to_a_kept_response_is_the_prompt_of_the_whole_conversation_sent_again():
+    """Its input comes after the conversation the kept response answered and that response's output (a call and
+    its text included); the earlier instructions are not carried over, as OpenAI's are not."""
+    kept = ResponseStore()
+    first = {"instructions": "Be useful.", "tools": [TOOL], "max_output_tokens": 9,
+             "input": [{"role": "user", "content": "Weather in Paris?"}]}
+    asked = parse_responses(first, 4096, kept)
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "get_weather",
+            "arguments": '{"city": "Paris"}', "status": "completed"}
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]}
+    kept.keep({"id": "resp_a", "output": [said, call]}, asked.earlier, asked.own)
+    follow = parse_responses({"previous_response_id": "resp_a", "instructions": "Be brief.", "tools": [TOOL],
+                              "max_output_tokens": 9, "input": [
+                                  {"type": "function_call_output", "call_id": "c1", "output": "9C"}]}, 4096, kept)
+    kept.keep({"id": "resp_b", "output": [{**said, "content": [{"type": "output_text", "text": "9C."}]}]},
+              follow.earlier, follow.own)
+    last = parse_responses({"previous_response_id": "resp_b", "input": "And tomorrow?"}, 4096, kept)
+    whole = parse({"tools": [WEATHER], "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Looking.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "9C"}]}, chat=True, context_length=4096)
+    assert follow.request.messages == whole.messages and follow.previous == "resp_a"
+    assert last.request.messages == whole.messages[1:] + (
+        {"role": "assistant", "content": "9C."}, {"role": "user", "content": "And tomorrow?"})
+    assert last.earlier[:len(follow.earlier)] == follow.earlier      # a chain holds each earlier item once
+
+
+def test_the_store_lets_the_least_recently_used_go_first_within_its_count_and_size():
+    kept = ResponseStore(max_kept=2, max_chars=10**6)
+    for name in "abc":
+        kept.keep({"id": name, "output": []}, (), ({"content": name},))
+        if name == "b":
+            kept.find("a")                   # used: it stays, b goes
+    assert len(kept) == 2 and kept.find("a") and kept.find("c")
+    with pytest.raises(RequestError) as gone:
+        kept.find("b", "previous_response_id")
+    assert gone.value.status == 400 and gone.value.code == "previous_response_not_found"
+    kept.forget("a")
+    with pytest.raises(RequestError) as gone:
+        kept.forget("a")
+    assert gone.value.status == 404
+    small = ResponseStore(max_kept=100, max_chars=300)
+    for i in range(10):
+        small.keep({"id": str(i), "output": []}, (), ({"content": "x" * 90},))
+    assert len(small) == 2 and small.find("9")        # each adds about 110 characters
+
+
+def test_kept_responses_go_on_are_found_and_forgotten_through_the_sdk(tiny):
+    ask = dict(model="m", instructions="Be brief.", temperature=0, max_output_tokens=6, extra_body={"min_tokens": 6})
+    first = client(tiny).responses.create(input="Write a line.", **ask)
+    assert first.store and client(tiny).responses.retrieve(first.id).output_text == first.output_text
+    with client(tiny).responses.stream(input="Another.", previous_response_id=first.id, **ask) as stream:
+        follow = stream.get_final_response()
+    again = client(tiny).responses.create(store=False, **ask, input=[
+        {"role": "user", "content": "Write a line."}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Another."}])
+    assert follow.previous_response_id == first.id and not again.store
+    assert follow.usage.input_tokens == again.usage.input_tokens and follow.output_text == again.output_text
+    assert client(tiny).responses.retrieve(follow.id).output_text == follow.output_text
+    with pytest.raises(openai.NotFoundError):
+        client(tiny).responses.retrieve(again.id)               # store: false
+    client(tiny).responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client(tiny).responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        client(tiny).responses.create(input="More.", previous_response_id=first.id, **ask)
+    third = client(tiny).responses.create(input="More.", previous_response_id=follow.id, **ask)
+    assert third.usage.input_tokens > follow.usage.input_tokens     # a follow-up's own chain is still kept

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.serve import vocab
 from core.serve.executor import Executor
+from core.serve.kept import ResponseStore
 from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
 from core.serve.messages import MessagesReply, count_body, error_body, parse_messages
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
@@ -89,7 +90,8 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
     app = FastAPI(title="SpecLens", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(models.name)
     queue = _Queue(metrics)
-    app.state.queue, app.state.metrics, app.state.models = queue, metrics, models
+    kept = ResponseStore()
+    app.state.queue, app.state.metrics, app.state.models, app.state.kept = queue, metrics, models, kept
     created = int(time.time())
 
     @app.exception_handler(RequestError)
@@ -206,9 +208,18 @@ def create_app(models: ServedModels, executor: Executor, *, api_key: str | None 
     @app.post("/v1/responses")
     async def responses(request: Request):
         """OpenAI's Responses API (core.serve.responses); like llama-server, whatever model a request names."""
-        req = parse_responses(await _json_body(request, max_body), models.target.context_length)
-        items, cancel, started = await _start(req, request)
-        return await _answer(ResponsesReply(req, models.name, started), req, items, request, cancel)
+        asked = parse_responses(await _json_body(request, max_body), models.target.context_length, kept)
+        items, cancel, started = await _start(asked.request, request)
+        return await _answer(ResponsesReply(asked, models.name, started, kept), asked.request, items, request, cancel)
+
+    @app.get("/v1/responses/{response_id}")
+    async def kept_response(response_id: str) -> dict:
+        return kept.find(response_id).response
+
+    @app.delete("/v1/responses/{response_id}")
+    async def forget_response(response_id: str) -> dict:
+        kept.forget(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @app.post(f"{MESSAGES}/count_tokens")
     async def count_tokens(request: Request) -> dict:

@@ -1,22 +1,23 @@
-"""OpenAI's Responses API (``POST /v1/responses``), as llama-server also serves it: for agents written against it
-(Codex CLI, the ``openai`` SDK's ``responses``).
+"""OpenAI's Responses API (``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``), as llama-server also
+serves it: for agents written against it (Codex CLI, the ``openai`` SDK's ``responses``).
 
 A request is read into the chat request the chat endpoint decodes (core.serve.request), so the engine, the prompt
 cache and the lossless guarantees are the same: ``instructions``, ``input`` (text, or items: messages of
 ``input_text``/``output_text`` parts, earlier ``function_call`` items and their ``function_call_output``),
-``tools`` (functions), ``tool_choice`` auto or none, ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``.
-The answer is a response whose output is a message and the function calls the model wrote (read as the chat
-endpoint reads them, core.serve.tools), whole or as the API's named stream events. SpecLens keeps no responses: a
-``previous_response_id`` is refused (send the conversation as ``input``, as Codex does with ``store: false``), as
-are images, files, structured output and tools other than functions. Like llama-server it serves its one model
-whatever model a request names.
+``previous_response_id`` (the conversation a kept response answered, then its output, come before ``input``;
+its instructions do not, as OpenAI's), ``store``, ``tools`` (functions), ``tool_choice`` auto or none,
+``max_output_tokens``, ``temperature``, ``top_p``, ``stream``. The answer is a response whose output is a message and
+the function calls the model wrote (read as the chat endpoint reads them, core.serve.tools), whole or as the API's
+named stream events; it is kept (core.serve.kept) unless ``store`` is false. Images, files, structured output and
+tools other than functions are refused. Like llama-server it serves its one model whatever model a request names.
 """
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from core.serve.kept import ResponseStore
 from core.serve.request import RequestError, ServeRequest, json_object, parse, text_of, within
 from core.serve.tools import Holdback, TextThenCalls
 
@@ -24,17 +25,22 @@ SKIPPED = ("reasoning",)             # an earlier answer's reasoning: templates 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _messages(body: dict) -> list[dict]:
-    """The conversation as chat messages: ``instructions`` first, then each input item; an earlier function call
-    joins the assistant message before it, its output is a ``tool`` message."""
-    instructions = body.get("instructions")
-    chat = [{"role": "system", "content": text_of(instructions, "instructions", TEXT_PARTS)}] if instructions else []
+def _items(body: dict) -> tuple[dict, ...]:
+    """The request's own ``input`` as items: text is one user message."""
     items = body.get("input")
     if isinstance(items, str):
-        return chat + [{"role": "user", "content": items}]
+        return ({"type": "message", "role": "user", "content": items},)
     if not isinstance(items, list) or not items:
         raise RequestError("'input' must be text or a non-empty list of items", param="input")
-    for i, item in enumerate(items):
+    return tuple(items)
+
+
+def _messages(instructions, items: tuple[dict, ...], first: int) -> list[dict]:
+    """The conversation as chat messages: ``instructions`` first, then each item (the request's own from ``first``:
+    those before it were read when they were sent); an earlier function call joins the assistant message before it,
+    its output is a ``tool`` message."""
+    chat = [{"role": "system", "content": text_of(instructions, "instructions", TEXT_PARTS)}] if instructions else []
+    for i, item in enumerate(items, start=-first):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message" and item.get("role") in ("user", "assistant", "system", "developer"):
@@ -74,22 +80,40 @@ def _tools(body: dict) -> dict:
         for t in tools]}
 
 
-def parse_responses(body, context_length: int) -> ServeRequest:
-    """The ``/v1/responses`` request in ``body`` as the chat request it asks for; RequestError if unusable."""
+@dataclass(frozen=True)
+class Asked:
+    """A Responses request: the chat request it asks for, and what its response shows and keeps of it."""
+    request: ServeRequest
+    earlier: tuple[dict, ...]       # the kept conversation it goes on from (previous_response_id's)
+    own: tuple[dict, ...]           # its own input items
+    previous: str | None
+    instructions: str | None
+    store: bool
+
+
+def parse_responses(body, context_length: int, kept: ResponseStore) -> Asked:
+    """The ``/v1/responses`` request in ``body``, going on from a response in ``kept`` where it names one;
+    RequestError if unusable."""
     body = json_object(body)
-    if body.get("previous_response_id"):
-        raise RequestError("SpecLens keeps no responses: send the whole conversation as 'input' (and 'store': "
-                           "false)", param="previous_response_id")
+    store, previous = body.get("store", True), body.get("previous_response_id")
+    if not isinstance(store, bool):
+        raise RequestError("'store' must be true or false", param="store")
+    if previous is not None and not isinstance(previous, str):
+        raise RequestError("'previous_response_id' must be the id of a response", param="previous_response_id")
     form = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(form, dict) and form.get("type") not in (None, "text"):
         raise RequestError(f"text.format {form.get('type')!r} is not supported: SpecLens cannot constrain what the "
                            "model says to a form", param="text.format")
-    chat = {"messages": _messages(body), **_tools(body),
+    earlier = kept.find(previous, "previous_response_id").items if previous else ()
+    own = _items(body)
+    instructions = body.get("instructions") or None
+    chat = {"messages": _messages(instructions, earlier + own, len(earlier)), **_tools(body),
             **{name: body[name] for name in ("temperature", "top_p", "stream", "min_tokens") if name in body}}
     if "max_output_tokens" in body:
         chat["max_tokens"] = body["max_output_tokens"]
-    return replace(parse(within(chat, context_length), chat=True, context_length=context_length),
-                   within_context=True)
+    request = replace(parse(within(chat, context_length), chat=True, context_length=context_length),
+                      within_context=True)
+    return Asked(request, earlier, own, previous, instructions if isinstance(instructions, str) else None, store)
 
 
 class ResponsesReply(TextThenCalls):
@@ -98,12 +122,12 @@ class ResponsesReply(TextThenCalls):
     END = ""             # the stream ends with its response.completed event
     NAMED = True         # each event is sent under its type's name
 
-    def __init__(self, req: ServeRequest, model: str, started) -> None:
-        self.req, self.model = req, model
+    def __init__(self, asked: Asked, model: str, started, kept: ResponseStore) -> None:
+        self.asked, self.req, self.model, self.kept = asked, asked.request, model, kept
         self.id = f"resp_{uuid.uuid4().hex[:24]}"
         self.message_id = f"msg_{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.held = Holdback(req.tools)
+        self.held = Holdback(self.req.tools)
         self.sequence = 0
         self.text = ""           # what of the message went out
 
@@ -113,10 +137,11 @@ class ResponsesReply(TextThenCalls):
 
     def _response(self, status: str, output: list, finished=None) -> dict:
         out = {"id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
-               "output": output, "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
+               "output": output, "error": None, "incomplete_details": None, "instructions": self.asked.instructions,
+               "previous_response_id": self.asked.previous, "metadata": {},
                "parallel_tool_calls": True, "temperature": self.req.sampling.temperature,
                "top_p": self.req.sampling.top_p, "tool_choice": "auto" if self.req.tools else "none",
-               "tools": [{"type": "function", **t["function"]} for t in self.req.tools], "store": False,
+               "tools": [{"type": "function", **t["function"]} for t in self.req.tools], "store": self.asked.store,
                "text": {"format": {"type": "text"}}, "usage": None}
         if finished is not None:
             u = finished.usage
@@ -179,10 +204,17 @@ class ResponsesReply(TextThenCalls):
             output.append(item)
         # response.completed even for a cut answer (its status says incomplete): as llama-server, and what the SDK's
         # stream helper and agents wait for
-        return events + [self._event("response.completed", response=self._response("completed", output, finished))]
+        return events + [self._event("response.completed", response=self._kept(output, finished))]
 
     def whole(self, items: list) -> dict:
         finished = items[-1]
         text, calls = self.held.whole(finished.text)
         output = [self._message(text, "completed")] if text is not None else []
-        return self._response("completed", output + [self._call(c) for c in calls], finished)
+        return self._kept(output + [self._call(c) for c in calls], finished)
+
+    def _kept(self, output: list, finished) -> dict:
+        """The finished response, kept unless the request said ``store: false``."""
+        response = self._response("completed", output, finished)
+        if self.asked.store:
+            self.kept.keep(response, self.asked.earlier, self.asked.own)
+        return response
