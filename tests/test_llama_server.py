@@ -182,6 +182,53 @@ def test_fast_apply_times_every_server_with_nothing_cached(binary, tiny_files, t
     assert all(r["same_as_without_prediction"] for r in runs if r["mode"] == "speclens:prediction")
 
 
+@pytest.mark.llama_server
+def test_an_agents_edit_is_timed_on_every_server_with_the_same_prompt_and_nothing_cached(binary, tmp_path):
+    from core.bench import agent
+    from tests.test_serve_tools import TOOLS_TEMPLATE
+
+    files = [write_tiny_gguf(tmp_path / f"{name}.gguf", seed=0, noise=noise, context=4096,
+                             chat_template=TOOLS_TEMPLATE) for name, noise in (("target", 0.0), ("draft", 0.02))]
+    tasks = tmp_path / "tasks.jsonl"
+    file = "def load(path):\n    return open(path).read()\n"
+    tasks.write_text("".join(json.dumps({"id": name, "language": "python", "instruction": "Rename load to read.",
+                                         "file": file, "held_out": held}) + "\n"
+                             for name, held in (("t1", False), ("t2", True), ("t3", True))))
+    out = tmp_path / "agent.json"
+    assert bench.main(["--surface", "agent", "--target", str(files[0]), "--draft", str(files[1]), "-c", "0",
+                       "--prompts", str(tasks), "--limit", "2", "--modes", "speclens,llama-server:ngram",
+                       "--repeat", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    runs, failed = report["runs"], report["failed"]
+    # every request is timed, or, llama-server's alone, refused by its tool-call parser (a random model's bytes can
+    # be what it cannot read) and said so
+    asked = [(r["mode"], r["task"], r["repeat"]) for r in runs + failed]
+    assert sorted(asked) == sorted((m, t, k) for m in ("speclens", "llama-server", "llama-server:ngram")
+                                   for t in ("t1", "t2") for k in range(2))
+    assert all(f["mode"] != "speclens" and ("HTTP" in f["error"] or "broke off" in f["error"]) for f in failed)
+    assert all(r["cached_prompt_tokens"] == 0 for r in runs), [(r["mode"], r["cached_prompt_tokens"]) for r in runs]
+    assert set(report["summary"]) == {"speclens", "llama-server", "llama-server:ngram"}
+    table = out.with_suffix(".md").read_text()
+    assert "A coding agent's edit" in table and ("left out of the ratios" in table) == bool(failed)
+    # what both servers were asked holds the tools, the read call and the file it read
+    from core.backends.llamacpp import LlamaCppBackend
+    from core.memory import Memory
+    from core.serve.job import ServedModels
+    from core.serve.request import parse
+
+    models = ServedModels(LlamaCppBackend(files[0], n_ctx=4096, n_threads=1), None, Memory(8, 8), "t")
+    asked = parse({"messages": agent.messages({"id": "t1", "language": "python", "instruction": "Go.", "file": file}),
+                   "tools": agent.TOOLS}, chat=True, context_length=4096)
+    prompt = models.target.detokenize(models.prompt_ids(asked))
+    assert all(word in prompt for word in ("write_file", "src/t1.py", "return open(path).read()"))
+
+
+def test_an_agents_context_is_refused_where_the_model_was_trained_with_less(tiny_files, capsys):
+    target, draft = tiny_files
+    assert bench.main(["--surface", "agent", "--target", str(target), "--draft", str(draft)]) == 2
+    assert "Choose at most 512" in capsys.readouterr().err
+
+
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
 

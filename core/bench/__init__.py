@@ -23,7 +23,7 @@ from core.bench.modes import (
     ENDPOINT, HF_ASSISTED, LLAMA_SERVER_MODES, MODE_HELP, NATIVE, BenchError, needs_draft_model, parse_modes,
     runner_of, strategy_for,
 )
-from core.bench import cursor, fast_apply
+from core.bench import agent, cursor, fast_apply
 from core.bench.prompts import DEFAULT_PROMPTS, PROMPT_DIR, read_prompts
 from core.bench.report import geomean, markdown, summarise
 from core.bench.run import (
@@ -36,7 +36,7 @@ from core.sampling import SamplingParams
 
 __all__ = ["DEFAULT_PROMPTS", "PROMPT_DIR", "BenchError", "geomean", "main", "read_prompts", "strategy_for"]
 
-HTTP_WORKLOADS = {"server": fast_apply, "cursor": cursor}     # --surface: an editor's requests over HTTP
+HTTP_WORKLOADS = {"server": fast_apply, "cursor": cursor, "agent": agent}   # --surface: requests over HTTP
 SurfaceFactory = Callable[[object, object], ComparedSurface]   # (target, draft) -> the surface to measure
 
 
@@ -46,7 +46,8 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     parser.add_argument("--modes", default=None, help=f"comma-separated: {MODE_HELP} (default baseline,auto); with "
                         f"--surface server: {', '.join(fast_apply.OWN_MODES + tuple(fast_apply.SERVER_MODES))} "
                         f"(default {fast_apply.DEFAULT_MODES}); with --surface cursor: "
-                        f"{', '.join(cursor.OWN_MODES + tuple(fast_apply.SERVER_MODES))} (default {cursor.DEFAULT_MODES})")
+                        f"{', '.join(cursor.OWN_MODES + tuple(fast_apply.SERVER_MODES))} (default {cursor.DEFAULT_MODES})"
+                        f"; with --surface agent: the same (default {agent.DEFAULT_MODES})")
     parser.add_argument("--prompts", action="append", default=None,
                         help="a JSONL prompt file (repeatable); default: every set in resources/prompts")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts of each file")
@@ -58,13 +59,18 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
     parser.add_argument("--surface", default="engine", choices=("engine", *HTTP_WORKLOADS, *surfaces),
                         help="engine: the bare engine; window: also through the real chat window (offscreen); "
                         "server: fast apply over HTTP (core.bench.fast_apply) against llama-server; cursor: completion "
-                        "at the cursor while the user types, over HTTP (core.bench.cursor) against llama-server")
+                        "at the cursor while the user types, over HTTP (core.bench.cursor) against llama-server; "
+                        "agent: a coding agent's edit with tools, over HTTP (core.bench.agent) against llama-server")
     parser.add_argument("--held-out", default="all", choices=("all", "only", "exclude"),
-                        help="with --surface server or cursor: all tasks, only the held-out half, or only the tuning "
-                        "half")
+                        help="with --surface server, cursor or agent: all tasks, only the held-out half, or only the "
+                        "tuning half")
     parser.add_argument("--api", default="completions", choices=cursor.APIS,
                         help="with --surface cursor: OpenAI's /v1/completions with the model's fill-in-the-middle "
                         "prompt (default), or llama-server's own /infill, as the editor plugins for local models ask")
+    parser.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                        help=f"with --surface server, cursor or agent: tokens a prompt and its answer may fill on every "
+                        f"server (default: 4096, or less where the model was trained with less; {agent.CONTEXT} for "
+                        "agent; 0: all it was trained with)")
     parser.add_argument("--json", dest="out", default=None, help="write the JSON here (and the table next to it, .md)")
     parser.add_argument("--ballast-gb", type=float, default=0.0, metavar="GB",
                         help="touch and hold this much memory before any model loads, so that every engine's weights "
@@ -184,13 +190,16 @@ def _ballast(gigabytes: float):
 
 
 def _over_http(args, argv, workload) -> int:
-    """`--surface server` or `cursor`: an editor's requests over HTTP (core.bench.fast_apply, core.bench.cursor)."""
+    """`--surface server`, `cursor` or `agent`: an editor's or an agent's requests over HTTP (core.bench.fast_apply,
+    core.bench.cursor, core.bench.agent), each workload opening the pair with the context it needs (``CONTEXT``)."""
     args.modes = args.modes or workload.DEFAULT_MODES
     try:
         workload.parse_modes(args.modes)
         if args.out:
             _check_writable(Path(args.out))
-        target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device, args.target, args.draft)
+        context = args.ctx_size if args.ctx_size is not None else getattr(workload, "CONTEXT", None)
+        target, draft = open_pair(args.pair, args.backend, args.draft_backend, args.device, args.target, args.draft,
+                                  context)
         report = workload.run(args, target, draft, strategy_for("auto"))
     except Exception as exc:   # a model, a server or a task file that will not do: one clear line
         print(f"speclens bench: {exc}", file=sys.stderr)

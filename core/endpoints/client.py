@@ -169,13 +169,14 @@ class EndpointRun:
         return cls(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)), tokenize=target.tokenize)
 
     def stream(self, messages: Sequence[dict], max_new_tokens: int, sampling: SamplingParams,
-               cancel: threading.Event | None = None, prediction: str | None = None) -> Iterator[StepEvent]:
-        """One StepEvent per chunk that carries text; the EndpointResult is then in ``self.result``. ``cancel`` closes
-        the stream (the endpoint stops generating, as a client that disconnects)."""
-        chunks = self._create(self.client.chat.completions.create, {"messages": list(messages)}, max_new_tokens,
-                              sampling, prediction)
-        return self._recorded(_openai_pieces(chunks, lambda c: c.delta.content or "" if c.delta is not None else ""),
-                              sampling, cancel)
+               cancel: threading.Event | None = None, prediction: str | None = None,
+               tools: Sequence[dict] = ()) -> Iterator[StepEvent]:
+        """One StepEvent per chunk that carries text (an answer's content, or the arguments of the ``tools`` it calls);
+        the EndpointResult is then in ``self.result``. ``cancel`` closes the stream (the endpoint stops generating, as
+        a client that disconnects)."""
+        asked = {"messages": list(messages), **({"tools": list(tools)} if tools else {})}
+        chunks = self._create(self.client.chat.completions.create, asked, max_new_tokens, sampling, prediction)
+        return self._recorded(_openai_pieces(chunks, _chat_text), sampling, cancel)
 
     def stream_text(self, prompt: str, max_new_tokens: int, sampling: SamplingParams,
                     cancel: threading.Event | None = None) -> Iterator[StepEvent]:
@@ -283,6 +284,16 @@ class _Piece:
     finish: str                    # OpenAI's finish_reason, "" until the end
     completion_tokens: int | None  # the engine's own count, where the chunk gives it
     payload: dict                  # the chunk itself (the last one carries the engine's timings or usage)
+
+
+def _chat_text(choice) -> str:
+    """What a chat chunk's choice says: its content, then the arguments of the calls it makes (a server streams them
+    piece by piece, or whole at the end)."""
+    delta = choice.delta
+    if delta is None:
+        return ""
+    return (delta.content or "") + "".join(call.function.arguments or "" for call in delta.tool_calls or ()
+                                           if call.function is not None)
 
 
 def _openai_pieces(chunks, piece_of: Callable[[object], str]) -> Iterator[_Piece]:
