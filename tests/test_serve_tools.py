@@ -27,6 +27,7 @@ NAMES = frozenset({"get_weather"})
 TAGGED = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Oslo"}\n}\n```'
 BARE = '  {"name": "get_weather", "parameters": {"city": "Rome"}}\n'
+RAW = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris\n\tTexas"}}</tool_call>'   # raw line break
 TWO = ('<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call>\n'
        '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"B\\"}"}</tool_call>')
 NOT_CALLS = ['Code:\n```python\nprint("<tool_call>")\n```\nDone.',                   # a tag inside a code block
@@ -116,6 +117,8 @@ def test_calls_are_found_in_each_form_and_the_rest_is_the_answers_text():
     for text, city in ((FENCED, "Oslo"), (BARE, "Rome")):
         content, calls = split_calls(text, NAMES)
         assert content.strip() == "" and json.loads(calls[0].arguments) == {"city": city}
+    content, calls = split_calls(RAW, NAMES)
+    assert content == "" and calls[0].arguments == '{"city": "Paris\\n\\tTexas"}'      # strict JSON out
     content, calls = split_calls(TWO, NAMES)
     assert [json.loads(c.arguments)["city"] for c in calls] == ["A", "B"] and content.strip() == ""
     assert len({c.id for c in calls}) == 2
@@ -123,7 +126,7 @@ def test_calls_are_found_in_each_form_and_the_rest_is_the_answers_text():
         assert split_calls(text, NAMES) == (text, []), text
 
 
-@pytest.mark.parametrize("text", [TAGGED, FENCED, BARE, TWO, *NOT_CALLS])
+@pytest.mark.parametrize("text", [TAGGED, FENCED, BARE, RAW, TWO, *NOT_CALLS])
 def test_a_streamed_answer_sends_only_text_that_stays_text(text):
     """At every length the answer could have reached, what may be sent never shrinks and is always the start of the
     finished answer's text: nothing sent can turn out to be part of a call."""

@@ -86,9 +86,11 @@ def history_calls(calls, where: str) -> list[dict]:
 
 
 def _call(block: str, names: frozenset[str]) -> ToolCall | None:
-    """The call a block of JSON makes: an object naming one of the offered tools, with its arguments."""
+    """The call a block of JSON makes: an object naming one of the offered tools, with its arguments. Line breaks and
+    tabs written raw inside a string are read as the characters they are (small models write a file's text into an
+    argument so); the arguments go out as strict JSON."""
     try:
-        call = json.loads(block)
+        call = json.loads(block, strict=False)
     except json.JSONDecodeError:
         return None
     if not isinstance(call, dict) or call.get("name") not in names:
