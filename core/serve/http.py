@@ -28,8 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.serve import vocab
 from core.serve.executor import Executor
-from core.serve.kept import ResponseStore
 from core.serve.job import Delta, Finished, Observer, ServedModels, Started, run_request
+from core.serve.kept import ResponseStore
 from core.serve.messages import MessagesReply, count_body, error_body, parse_messages
 from core.serve.metrics import CONTENT_TYPE, ServerMetrics
 from core.serve.native import NativeReply, parse_completion, parse_infill, props
