@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 from core.bench import fast_apply
-from core.bench.run import rotated
 from core.endpoints.client import EndpointError, EndpointRun
 from core.sampling import SamplingParams
 
@@ -72,28 +71,25 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
     contestants = fast_apply.Contestants(modes, target, draft, strategy, args.llama_server)
     runs: list[dict] = []
     failed: list[dict] = []
+    # room for the escapes a file gains inside a call's JSON arguments (newlines, quotes, backslashes)
+    budgets = {task["id"]: len(target.tokenize(task["file"])) * 4 // 3 + ANSWER_ROOM for task in tasks}
     try:
-        for repeat in range(args.repeat):
-            for i, task in enumerate(tasks):
-                # room for the escapes a file gains inside a call's JSON arguments (newlines, quotes, backslashes)
-                budget = len(target.tokenize(task["file"])) * 4 // 3 + ANSWER_ROOM
-                for mode in rotated(modes, i + repeat):
-                    endpoint, engine = contestants.endpoint(mode)
-                    client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
-                    where = f"  [{repeat + 1}/{args.repeat}] {task['id']} {mode}"
-                    try:
-                        for _ in client.stream(messages(task), budget, greedy, tools=TOOLS):
-                            pass
-                    except EndpointError as exc:
-                        if mode in OWN_MODES:
-                            raise
-                        failed.append({"mode": mode, "task": task["id"], "repeat": repeat, "error": str(exc)})
-                        log(f"{where}: failed: {exc}")
-                        continue
-                    row = fast_apply.timed_row(mode, task, repeat, client)
-                    runs.append(row)
-                    log(f"{where}: {row['completion_tokens']} tokens, {row['decode_tokens_per_s']:.1f} tok/s, "
-                        f"{row['seconds_to_answer']:.1f} s")
+        for repeat, task, mode, endpoint, engine in contestants.turns(tasks, args.repeat):
+            client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
+            where = f"  [{repeat + 1}/{args.repeat}] {task['id']} {mode}"
+            try:
+                for _ in client.stream(messages(task), budgets[task["id"]], greedy, tools=TOOLS):
+                    pass
+            except EndpointError as exc:
+                if mode in OWN_MODES:
+                    raise
+                failed.append({"mode": mode, "task": task["id"], "repeat": repeat, "error": str(exc)})
+                log(f"{where}: failed: {exc}")
+                continue
+            row = fast_apply.timed_row(mode, task, repeat, client)
+            runs.append(row)
+            log(f"{where}: {row['completion_tokens']} tokens, {row['decode_tokens_per_s']:.1f} tok/s, "
+                f"{row['seconds_to_answer']:.1f} s")
     finally:
         contestants.close()
     return {"modes": modes, "runs": runs, "failed": failed, "summary": fast_apply.summarise(runs, modes)}

@@ -25,7 +25,6 @@ from pathlib import Path
 from core.bench import fast_apply
 from core.bench.modes import BenchError
 from core.bench.prompts import PROMPT_DIR
-from core.bench.run import rotated
 from core.endpoints.client import EndpointRun
 from core.sampling import SamplingParams
 
@@ -78,20 +77,17 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
     contestants = fast_apply.Contestants(modes, target, draft, strategy, args.llama_server, remember_answers=True)
     runs: list[dict] = []
     try:
-        for repeat in range(args.repeat):
-            for i, task in enumerate(tasks):
-                for mode in rotated(modes, i + repeat):
-                    endpoint, engine = contestants.endpoint(mode)
-                    before, after = task["file"].split(CURSOR)
-                    for step in range(STEPS):
-                        client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
-                        for _ in ask(client, before, after):
-                            pass
-                        row = fast_apply.timed_row(mode, {**task, "id": f"{task['id']}@{step}"}, repeat, client)
-                        runs.append({**row, "step": step})
-                        before += client.result.result.text[:TYPED]
-                        log(f"  [{repeat + 1}/{args.repeat}] {task['id']}@{step} {mode}: {row['completion_tokens']} "
-                            f"tokens, {row['decode_tokens_per_s']:.1f} tok/s, {row['seconds_to_answer']:.2f} s")
+        for repeat, task, mode, endpoint, engine in contestants.turns(tasks, args.repeat):
+            before, after = task["file"].split(CURSOR)
+            for step in range(STEPS):
+                client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
+                for _ in ask(client, before, after):
+                    pass
+                row = fast_apply.timed_row(mode, {**task, "id": f"{task['id']}@{step}"}, repeat, client)
+                runs.append({**row, "step": step})
+                before += client.result.result.text[:TYPED]
+                log(f"  [{repeat + 1}/{args.repeat}] {task['id']}@{step} {mode}: {row['completion_tokens']} "
+                    f"tokens, {row['decode_tokens_per_s']:.1f} tok/s, {row['seconds_to_answer']:.2f} s")
     finally:
         contestants.close()
     return {"modes": modes, "api": args.api, "runs": runs, "summary": fast_apply.summarise(runs, modes),

@@ -211,6 +211,15 @@ class Contestants:
         server.restart()      # a fresh process: no cached prompt, and nothing learnt from earlier requests
         return Endpoint(server.url, model="any"), "llama.cpp"
 
+    def turns(self, tasks: list[dict], repeats: int):
+        """``(repeat, task, mode, endpoint, engine)``: every task in every mode, repeated, the modes' order rotated
+        task by task (core.bench.run.rotated); each mode's endpoint handed out cold (:meth:`endpoint`) just before its
+        turn."""
+        for repeat in range(repeats):
+            for i, task in enumerate(tasks):
+                for mode in rotated(self.modes, i + repeat):
+                    yield (repeat, task, mode, *self.endpoint(mode))
+
     def close(self) -> None:
         for server in self.servers.values():
             server.stop()
@@ -226,21 +235,18 @@ def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.std
     greedy = SamplingParams(temperature=0.0)
     contestants = Contestants(modes, target, draft, strategy, args.llama_server)
     runs: list[dict] = []
+    budgets = {task["id"]: len(target.tokenize(task["file"])) + ANSWER_ROOM for task in tasks}
     try:
-        for repeat in range(args.repeat):
-            for i, task in enumerate(tasks):
-                budget = len(target.tokenize(task["file"])) + ANSWER_ROOM
-                for mode in rotated(modes, i + repeat):
-                    endpoint, engine = contestants.endpoint(mode)
-                    # SpecLens's own tokenizer counts both servers' chunks alike (one model, one tokenizer)
-                    client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
-                    for _ in client.stream(messages(task), budget, greedy,
-                                           prediction=prediction(task) if mode == "speclens:prediction" else None):
-                        pass
-                    row = timed_row(mode, task, repeat, client)
-                    runs.append(row)
-                    log(f"  [{repeat + 1}/{args.repeat}] {task['id']} {mode}: {row['completion_tokens']} tokens, "
-                        f"{row['decode_tokens_per_s']:.1f} tok/s, {row['seconds_to_answer']:.1f} s")
+        for repeat, task, mode, endpoint, engine in contestants.turns(tasks, args.repeat):
+            # SpecLens's own tokenizer counts both servers' chunks alike (one model, one tokenizer)
+            client = EndpointRun(endpoint, engine, count_tokens=lambda text: len(target.tokenize(text)))
+            for _ in client.stream(messages(task), budgets[task["id"]], greedy,
+                                   prediction=prediction(task) if mode == "speclens:prediction" else None):
+                pass
+            row = timed_row(mode, task, repeat, client)
+            runs.append(row)
+            log(f"  [{repeat + 1}/{args.repeat}] {task['id']} {mode}: {row['completion_tokens']} tokens, "
+                f"{row['decode_tokens_per_s']:.1f} tok/s, {row['seconds_to_answer']:.1f} s")
     finally:
         contestants.close()
     _check_identity(runs, log)
