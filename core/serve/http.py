@@ -35,7 +35,7 @@ from core.serve.metrics import CONTENT_TYPE, ServerMetrics
 from core.serve.native import NativeReply, parse_completion, parse_infill, props
 from core.serve.request import RequestError, ServeRequest, json_object, messages_of, parse
 from core.serve.responses import ResponsesReply, parse_responses
-from core.serve.tools import Holdback, offered
+from core.serve.tools import Argued, Began, Called, Holdback, PartsReply, Said, offered
 
 log = logging.getLogger(__name__)
 
@@ -355,10 +355,10 @@ async def _next(items: asyncio.Queue, request: Request, cancel: threading.Event)
                 raise _ClientGone() from None
 
 
-class _Reply:
+class _Reply(PartsReply):
     """OpenAI's response shapes for one request: a chat completion or a text completion, whole or streamed. A chat
     that offers tools has its answer's calls cut out as ``tool_calls`` (core.serve.tools); streamed, its text goes
-    out as it comes up to where a call may begin, and the calls with the last chunks."""
+    out as it comes up to where a call begins, then each call's name and its arguments as they are written."""
 
     END = "data: [DONE]\n\n"     # what a stream ends with, after its closing chunks
     NAMED = False                  # its events are data alone
@@ -368,6 +368,7 @@ class _Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.held = Holdback(req.tools)
+        self.called = False
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -388,21 +389,27 @@ class _Reply:
         return [self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None} if self.chat
                             else {"text": "", "finish_reason": None})]
 
-    def deltas(self, delta: Delta) -> list[dict]:
-        piece = self.held.push(delta.text)
-        return [self._text_chunk(piece)] if piece else []
+    def _said(self, text: str) -> list[dict]:
+        return [self._text_chunk(text)]
+
+    def _began(self, part: Began) -> list[dict]:
+        self.called = True
+        call = {"index": part.index, "id": part.id, "type": "function",
+                "function": {"name": part.name, "arguments": ""}}
+        return [self._chunk({"delta": {"tool_calls": [call]}, "finish_reason": None})]
+
+    def _argued(self, part: Argued) -> list[dict]:
+        call = {"index": part.index, "function": {"arguments": part.text}}
+        return [self._chunk({"delta": {"tool_calls": [call]}, "finish_reason": None})]
+
+    def _called(self, part: Called) -> list[dict]:
+        return []
 
     def closing(self, finished: Finished) -> list[dict]:
-        """What was held back and the calls, the finish chunk, then the usage chunk when asked; llama-server's
-        timings ride on the last one."""
-        chunks, reason = [], finished.finish_reason
-        rest, calls = self.held.finish(finished.text)
-        if rest is not None:
-            chunks.append(self._text_chunk(rest))
-        if calls:
-            chunks.append(self._chunk({"delta": {"tool_calls": [c.openai(i) for i, c in enumerate(calls)]},
-                                       "finish_reason": None}))
-            reason = _called(reason)
+        """What was held back and the rest of the calls, the finish chunk, then the usage chunk when asked;
+        llama-server's timings ride on the last one."""
+        chunks = self._events(self.held.finish(finished.text))
+        reason = _called(finished.finish_reason) if self.called else finished.finish_reason
         last = self._chunk({"delta": {}, "finish_reason": reason} if self.chat
                            else {"text": "", "finish_reason": reason})
         chunks.append(last)
@@ -417,11 +424,12 @@ class _Reply:
         if not self.chat:
             choice = {"text": finished.text}
         else:
-            content, calls = self.held.whole(finished.text)
+            parts = self.held.whole(finished.text)
+            content = "".join(p.text for p in parts if isinstance(p, Said))
+            calls = [p.call.openai() for p in parts if isinstance(p, Called)]
             choice = {"message": {"role": "assistant", "content": content}}
             if calls:
-                choice["message"] = {"role": "assistant", "content": content and content.strip(),
-                                     "tool_calls": [c.openai() for c in calls]}
+                choice["message"] = {"role": "assistant", "content": content.strip() or None, "tool_calls": calls}
                 reason = _called(reason)
         return {**self._head("chat.completion" if self.chat else "text_completion"),
                 "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": reason}],

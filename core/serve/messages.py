@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from core.serve.request import (RequestError, ServeRequest, json_object, messages_of, parse, stop_sequences,
                                 text_of, within)
-from core.serve.tools import Holdback, TextThenCalls, offered
+from core.serve.tools import Argued, Began, Called, Holdback, PartsReply, Said, offered
 
 MAX_STOPS = 64
 SKIPPED = ("thinking", "redacted_thinking")    # an assistant's earlier reasoning: templates drop it too
@@ -111,7 +111,7 @@ def count_body(body) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
     return messages_of(chat), offered(chat)
 
 
-class MessagesReply(TextThenCalls):
+class MessagesReply(PartsReply):
     """Anthropic's message for one request, whole or as its stream of named events (``started``:
     core.serve.job.Started)."""
 
@@ -122,6 +122,8 @@ class MessagesReply(TextThenCalls):
         self.req, self.model = req, model
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.held = Holdback(req.tools)
+        self.blocks, self.open = 0, None     # blocks stopped; the kind of the one open
+        self.begun = self.called = False
         self.read = started.prompt_tokens - started.cached_tokens
         self.cached = started.cached_tokens
 
@@ -136,23 +138,39 @@ class MessagesReply(TextThenCalls):
     def opening(self) -> list[dict]:
         return [{"type": "message_start", "message": self._message([], None, None, 0)}, {"type": "ping"}]
 
-    def _text(self, text: str) -> list[dict]:
-        events = []
-        if not self.begun:
-            events.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-            self.begun = 1
-        return events + [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}]
+    def _block(self, kind: str, block: dict) -> list[dict]:
+        """Starts the next content block, after stopping the one open."""
+        events = self._stop()
+        self.open = kind
+        return events + [{"type": "content_block_start", "index": self.blocks, "content_block": block}]
+
+    def _stop(self) -> list[dict]:
+        if self.open is None:
+            return []
+        self.open = None
+        self.blocks += 1
+        return [{"type": "content_block_stop", "index": self.blocks - 1}]
+
+    def _said(self, text: str) -> list[dict]:
+        events = [] if self.open == "text" else self._block("text", {"type": "text", "text": ""})
+        self.begun = True
+        return events + [{"type": "content_block_delta", "index": self.blocks,
+                          "delta": {"type": "text_delta", "text": text}}]
+
+    def _began(self, part: Began) -> list[dict]:
+        self.called = True
+        return self._block("tool_use", {"type": "tool_use", "id": part.id, "name": part.name, "input": {}})
+
+    def _argued(self, part: Argued) -> list[dict]:
+        return [{"type": "content_block_delta", "index": self.blocks,
+                 "delta": {"type": "input_json_delta", "partial_json": part.text}}]
+
+    def _called(self, part: Called) -> list[dict]:
+        return self._stop()
 
     def closing(self, finished) -> list[dict]:
-        events, calls = self.rest(finished)
-        events += [{"type": "content_block_stop", "index": 0}] if self.begun else []
-        for i, call in enumerate(calls, start=self.begun):
-            events += [{"type": "content_block_start", "index": i,
-                        "content_block": {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}},
-                       {"type": "content_block_delta", "index": i,
-                        "delta": {"type": "input_json_delta", "partial_json": call.arguments}},
-                       {"type": "content_block_stop", "index": i}]
-        reason, word = _stop(finished, bool(calls))
+        events = self._events(self.held.finish(finished.text, begun=self.begun)) + self._stop()
+        reason, word = _stop(finished, self.called)
         output = finished.usage["completion_tokens"]
         return events + [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": word},
                           "usage": {"output_tokens": output}, "timings": finished.timings},
@@ -160,12 +178,22 @@ class MessagesReply(TextThenCalls):
 
     def whole(self, items: list) -> dict:
         finished = items[-1]
-        text, calls = self.held.whole(finished.text)
-        content = [{"type": "text", "text": text}] if text is not None else []
-        content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)} for c in calls]
-        reason, word = _stop(finished, bool(calls))
+        parts = self.held.whole(finished.text)
+        content = [{"type": "text", "text": p.text} if isinstance(p, Said) else
+                   {"type": "tool_use", "id": p.call.id, "name": p.call.name, "input": _input(p.call.arguments)}
+                   for p in parts]
+        reason, word = _stop(finished, any(isinstance(p, Called) for p in parts))
         return {**self._message(content, reason, word, finished.usage["completion_tokens"]),
                 "timings": finished.timings}
+
+
+def _input(arguments: str) -> dict:
+    """A call's arguments as the object Anthropic sends; none where the answer was cut inside them (its stop
+    reason says so)."""
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return {}
 
 
 def _stop(finished, called: bool) -> tuple[str, str | None]:

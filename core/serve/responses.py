@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from core.serve.kept import ResponseStore
 from core.serve.request import RequestError, ServeRequest, json_object, parse, text_of, within
-from core.serve.tools import Holdback, TextThenCalls
+from core.serve.tools import Argued, Began, Called, Holdback, PartsReply, Said, ToolCall
 
 SKIPPED = ("reasoning",)             # an earlier answer's reasoning: templates drop it too
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -116,7 +116,7 @@ def parse_responses(body, context_length: int, kept: ResponseStore) -> Asked:
     return Asked(request, earlier, own, previous, instructions if isinstance(instructions, str) else None, store)
 
 
-class ResponsesReply(TextThenCalls):
+class ResponsesReply(PartsReply):
     """The response to one request, whole or as its stream of named events (``started``: core.serve.job.Started)."""
 
     END = ""             # the stream ends with its response.completed event
@@ -125,11 +125,13 @@ class ResponsesReply(TextThenCalls):
     def __init__(self, asked: Asked, model: str, started, kept: ResponseStore) -> None:
         self.asked, self.req, self.model, self.kept = asked, asked.request, model, kept
         self.id = f"resp_{uuid.uuid4().hex[:24]}"
-        self.message_id = f"msg_{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.held = Holdback(self.req.tools)
         self.sequence = 0
-        self.text = ""           # what of the message went out
+        self.output: list[dict] = []    # the items done
+        self.text: str | None = None    # what of the message item open went out (None: none is open)
+        self.message_id = self.calling = ""      # the items open
+        self.begun = False
 
     def _event(self, kind: str, **fields) -> dict:
         self.sequence += 1
@@ -154,8 +156,9 @@ class ResponsesReply(TextThenCalls):
             out["timings"] = finished.timings
         return out
 
-    def _message(self, text: str, status: str) -> dict:
-        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
+    @staticmethod
+    def _message(id_: str, text: str, status: str) -> dict:
+        return {"type": "message", "id": id_, "status": status, "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
                 status == "completed" else []}
 
@@ -169,48 +172,63 @@ class ResponsesReply(TextThenCalls):
         return [self._event("response.created", response=started),
                 self._event("response.in_progress", response=started)]
 
-    def _text(self, text: str) -> list[dict]:
+    def _said(self, text: str) -> list[dict]:
         events = []
-        if not self.begun:
-            self.begun = 1
-            events += [self._event("response.output_item.added", output_index=0,
-                                   item=self._message("", "in_progress")),
-                       self._event("response.content_part.added", item_id=self.message_id, output_index=0,
-                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
+        if self.text is None:       # a message item begins: the answer's text, or text after its calls
+            self.text, self.message_id = "", f"msg_{uuid.uuid4().hex[:24]}"
+            events += [self._event("response.output_item.added", output_index=len(self.output),
+                                   item=self._message(self.message_id, "", "in_progress")),
+                       self._event("response.content_part.added", item_id=self.message_id,
+                                   output_index=len(self.output), content_index=0,
+                                   part={"type": "output_text", "text": "", "annotations": []})]
+        self.begun = True
         self.text += text
-        return events + [self._event("response.output_text.delta", item_id=self.message_id, output_index=0,
-                                     content_index=0, delta=text, logprobs=[])]
+        return events + [self._event("response.output_text.delta", item_id=self.message_id,
+                                     output_index=len(self.output), content_index=0, delta=text, logprobs=[])]
+
+    def _said_done(self) -> list[dict]:
+        """The message item open, done."""
+        if self.text is None:
+            return []
+        index, item = len(self.output), self._message(self.message_id, self.text, "completed")
+        part = item["content"][0]
+        events = [self._event("response.output_text.done", item_id=self.message_id, output_index=index,
+                              content_index=0, text=self.text, logprobs=[]),
+                  self._event("response.content_part.done", item_id=self.message_id, output_index=index,
+                              content_index=0, part=part),
+                  self._event("response.output_item.done", output_index=index, item=item)]
+        self.output.append(item)
+        self.text = None
+        return events
+
+    def _began(self, part: Began) -> list[dict]:
+        events = self._said_done()
+        item = self._call(ToolCall(part.name, "", part.id), "in_progress")
+        self.calling = item["id"]
+        return events + [self._event("response.output_item.added", output_index=len(self.output), item=item)]
+
+    def _argued(self, part: Argued) -> list[dict]:
+        return [self._event("response.function_call_arguments.delta", item_id=self.calling,
+                            output_index=len(self.output), delta=part.text)]
+
+    def _called(self, part: Called) -> list[dict]:
+        item, index = self._call(part.call), len(self.output)
+        self.output.append(item)
+        return [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            arguments=part.call.arguments),
+                self._event("response.output_item.done", output_index=index, item=item)]
 
     def closing(self, finished) -> list[dict]:
-        events, calls = self.rest(finished)
-        if self.begun:
-            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
-            events += [self._event("response.output_text.done", item_id=self.message_id, output_index=0,
-                                   content_index=0, text=self.text, logprobs=[]),
-                       self._event("response.content_part.done", item_id=self.message_id, output_index=0,
-                                   content_index=0, part=part),
-                       self._event("response.output_item.done", output_index=0,
-                                   item=self._message(self.text, "completed"))]
-        output = [self._message(self.text, "completed")] if self.begun else []
-        for index, call in enumerate(calls, start=self.begun):
-            item = self._call(call)
-            events += [self._event("response.output_item.added", output_index=index,
-                                   item={**item, "arguments": "", "status": "in_progress"}),
-                       self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                                   delta=call.arguments),
-                       self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                   arguments=call.arguments),
-                       self._event("response.output_item.done", output_index=index, item=item)]
-            output.append(item)
+        events = self._events(self.held.finish(finished.text, begun=self.begun)) + self._said_done()
         # response.completed even for a cut answer (its status says incomplete): as llama-server, and what the SDK's
         # stream helper and agents wait for
-        return events + [self._event("response.completed", response=self._kept(output, finished))]
+        return events + [self._event("response.completed", response=self._kept(self.output, finished))]
 
     def whole(self, items: list) -> dict:
         finished = items[-1]
-        text, calls = self.held.whole(finished.text)
-        output = [self._message(text, "completed")] if text is not None else []
-        return self._kept(output + [self._call(c) for c in calls], finished)
+        output = [self._message(f"msg_{uuid.uuid4().hex[:24]}", p.text, "completed") if isinstance(p, Said) else
+                  self._call(p.call) for p in self.held.whole(finished.text)]
+        return self._kept(output, finished)
 
     def _kept(self, output: list, finished) -> dict:
         """The finished response, kept unless the request said ``store: false``."""
