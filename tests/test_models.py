@@ -362,3 +362,44 @@ def test_default_pair_decodes_speculatively(default_pair):
         sampled = SpeculativeEngine(target, draft, strategy, SamplingParams(temperature=0.7, seed=1)).generate(prompt, 24)
         assert len(sampled.tokens) == 24 or sampled.tokens[-1] in target.eos_ids
         assert sampled.text and target.committed[:len(prompt)] == prompt
+
+
+@pytest.mark.real_models
+@real
+def test_a_verification_batch_computes_bit_for_bit_what_one_token_steps_compute(default_pair):
+    """On the default pair's Q4_K/Q6_K target, with SpecLens's kernels and one-path attention (native/llama.cpp), past
+    512 cached tokens where stock llama.cpp sends a lone token's attention another way: a drafted chain, and the
+    accepted branch of a tree that is not its first, get exactly the logits one-token steps get (stock: up to 0.7
+    apart, enough to flip a greedy choice at a top-2 margin of 0.3)."""
+    from core.backends.kquant_kernels import has_one_path_attention, has_speclens_kernels
+    from core.backends.llamacpp import ContextTuning
+    from core.tree import TokenTree
+
+    if not (has_speclens_kernels() and has_one_path_attention()):
+        pytest.skip("this llama.cpp build lacks SpecLens's kernels or one-path attention (tools/build_llama_cpp.sh)")
+    target, _ = default_pair
+    before = target.tuning
+    target.retune(ContextTuning(flash_attn=True))
+    try:
+        prompt = target.tokenize(Path(models.__file__).read_text())[:700]
+        target.reset()
+        logits, steps, tokens = target.prefill(prompt), [], []
+        for _ in range(8):
+            steps.append(logits.clone())
+            tokens.append(int(torch.argmax(logits)))
+            logits = target.forward_tree(TokenTree.chain(tokens[-1:]))[-1]
+            target.commit([0])
+        target.reset()
+        target.prefill(prompt)                     # the same cache again: the prompt read as before
+        chain = target.forward_tree(TokenTree.chain(tokens[:7]))
+        assert all(torch.equal(chain[i], steps[i + 1]) for i in range(7))
+        target.reset()
+        target.prefill(prompt)
+        tree = TokenTree()
+        tree.add((tokens[0] + 1) % target.vocab_size, -1)          # a first branch that is not taken
+        for i, token in enumerate(tokens[:7]):
+            tree.add(token, i if i else -1)                           # the taken one: node i + 1 under node i
+        branch = target.forward_tree(tree)
+        assert all(torch.equal(branch[i + 1], steps[i + 1]) for i in range(7))
+    finally:
+        target.retune(before)

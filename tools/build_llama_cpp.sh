@@ -1,6 +1,6 @@
 #!/bin/bash
-# Installs llama-cpp-python built from its PyPI sdist with SpecLens's small-batch Q4_K/Q6_K kernels
-# (native/llama.cpp/README.md says what it changes and why) into the active Python environment: about 8 minutes on
+# Installs llama-cpp-python built from its PyPI sdist with SpecLens's small-batch Q4_K/Q6_K kernels and one-path
+# attention (native/llama.cpp/README.md says what they change and why) into the active Python environment: about 8 minutes on
 # 2 cores. The version is pinned because the patch is written against that release's vendored llama.cpp.
 # Usage: tools/build_llama_cpp.sh
 set -euo pipefail
@@ -14,6 +14,7 @@ tar xzf "llama_cpp_python-$version.tar.gz"
 cd "llama_cpp_python-$version"
 cp "$here/native/llama.cpp/kquant_rows.h" vendor/llama.cpp/ggml/src/ggml-cpu/speclens_kquant_rows.h
 git apply -p1 "$here/native/llama.cpp/repack.cpp.patch"   # git rather than patch(1), which a fresh machine may lack
+git apply -p1 "$here/native/llama.cpp/attention.patch"
 # the compiler's output goes to a log that is shown only when the build fails
 log=$work/build.log
 python -m pip install -q --no-deps --force-reinstall . >"$log" 2>&1 || { tail -n 40 "$log" >&2; exit 1; }

@@ -13,6 +13,7 @@ import importlib.util
 from pathlib import Path
 
 SYMBOL = "speclens_gemm_q4_K_8x8_q8_K"
+ONE_PATH = "speclens_one_path_attention"     # native/llama.cpp/attention.patch
 
 
 def ggml_cpu_library() -> Path | None:
@@ -24,26 +25,41 @@ def ggml_cpu_library() -> Path | None:
 
 
 @functools.cache
-def has_speclens_kernels() -> bool:
+def _exports(symbol: str) -> bool:
     lib = ggml_cpu_library()
     if lib is None:
         return False
     try:
-        return hasattr(ctypes.CDLL(str(lib)), SYMBOL)
+        return hasattr(ctypes.CDLL(str(lib)), symbol)
     except OSError:
         return False
 
 
+def has_speclens_kernels() -> bool:
+    return _exports(SYMBOL)
+
+
+def has_one_path_attention() -> bool:
+    """Whether one token's attention takes the path each row of a small batch takes, so that with the kernels a
+    verification batch of fewer than 64 tokens computes bit for bit what one-token steps compute."""
+    return _exports(ONE_PATH)
+
+
+def _kind() -> str:
+    parts = [name for name, has in (("SpecLens's Q4_K/Q6_K batch kernels", has_speclens_kernels()),
+                                    ("one-path attention", has_one_path_attention())) if has]
+    return f"with {' and '.join(parts)}" if parts else "(stock)"
+
+
 def llama_cpp_build() -> str:
-    """'llama-cpp-python 0.3.36 with SpecLens's Q4_K/Q6_K batch kernels', or '... (stock)'."""
+    """'llama-cpp-python 0.3.36 with SpecLens's Q4_K/Q6_K batch kernels and one-path attention', or '... (stock)'."""
     import llama_cpp
 
-    kind = "with SpecLens's Q4_K/Q6_K batch kernels" if has_speclens_kernels() else "(stock)"
-    return f"llama-cpp-python {llama_cpp.__version__} {kind}"
+    return f"llama-cpp-python {llama_cpp.__version__} {_kind()}"
 
 
 if __name__ == "__main__":
     if ggml_cpu_library() is None:
         raise SystemExit("llama-cpp-python is not installed in this environment")
-    print("llama-cpp-python built", "with SpecLens's Q4_K/Q6_K batch kernels" if has_speclens_kernels()
+    print("llama-cpp-python built", _kind() if has_speclens_kernels()
           else "with stock kernels: tools/build_llama_cpp.sh adds SpecLens's where the CPU has AVX-512 VNNI or AVX2")
