@@ -368,7 +368,6 @@ class _Reply(PartsReply):
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.held = Holdback(req.tools)
-        self.called = False
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -393,7 +392,6 @@ class _Reply(PartsReply):
         return [self._text_chunk(text)]
 
     def _began(self, part: Began) -> list[dict]:
-        self.called = True
         call = {"index": part.index, "id": part.id, "type": "function",
                 "function": {"name": part.name, "arguments": ""}}
         return [self._chunk({"delta": {"tool_calls": [call]}, "finish_reason": None})]
@@ -408,8 +406,8 @@ class _Reply(PartsReply):
     def closing(self, finished: Finished) -> list[dict]:
         """What was held back and the rest of the calls, the finish chunk, then the usage chunk when asked;
         llama-server's timings ride on the last one."""
-        chunks = self._events(self.held.finish(finished.text))
-        reason = _called(finished.finish_reason) if self.called else finished.finish_reason
+        chunks = self._events(self.held.finish(finished.text, opened=True))     # its opening chunk's empty text
+        reason = _called(finished.finish_reason) if self.held.called else finished.finish_reason
         last = self._chunk({"delta": {}, "finish_reason": reason} if self.chat
                            else {"text": "", "finish_reason": reason})
         chunks.append(last)

@@ -123,7 +123,6 @@ class MessagesReply(PartsReply):
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.held = Holdback(req.tools)
         self.blocks, self.open = 0, None     # blocks stopped; the kind of the one open
-        self.begun = self.called = False
         self.read = started.prompt_tokens - started.cached_tokens
         self.cached = started.cached_tokens
 
@@ -153,12 +152,10 @@ class MessagesReply(PartsReply):
 
     def _said(self, text: str) -> list[dict]:
         events = [] if self.open == "text" else self._block("text", {"type": "text", "text": ""})
-        self.begun = True
         return events + [{"type": "content_block_delta", "index": self.blocks,
                           "delta": {"type": "text_delta", "text": text}}]
 
     def _began(self, part: Began) -> list[dict]:
-        self.called = True
         return self._block("tool_use", {"type": "tool_use", "id": part.id, "name": part.name, "input": {}})
 
     def _argued(self, part: Argued) -> list[dict]:
@@ -169,8 +166,8 @@ class MessagesReply(PartsReply):
         return self._stop()
 
     def closing(self, finished) -> list[dict]:
-        events = self._events(self.held.finish(finished.text, begun=self.begun)) + self._stop()
-        reason, word = _stop(finished, self.called)
+        events = self._events(self.held.finish(finished.text)) + self._stop()
+        reason, word = _stop(finished, self.held.called)
         output = finished.usage["completion_tokens"]
         return events + [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": word},
                           "usage": {"output_tokens": output}, "timings": finished.timings},

@@ -131,7 +131,6 @@ class ResponsesReply(PartsReply):
         self.output: list[dict] = []    # the items done
         self.text: str | None = None    # what of the message item open went out (None: none is open)
         self.message_id = self.calling = ""      # the items open
-        self.begun = False
 
     def _event(self, kind: str, **fields) -> dict:
         self.sequence += 1
@@ -181,7 +180,6 @@ class ResponsesReply(PartsReply):
                        self._event("response.content_part.added", item_id=self.message_id,
                                    output_index=len(self.output), content_index=0,
                                    part={"type": "output_text", "text": "", "annotations": []})]
-        self.begun = True
         self.text += text
         return events + [self._event("response.output_text.delta", item_id=self.message_id,
                                      output_index=len(self.output), content_index=0, delta=text, logprobs=[])]
@@ -219,7 +217,7 @@ class ResponsesReply(PartsReply):
                 self._event("response.output_item.done", output_index=index, item=item)]
 
     def closing(self, finished) -> list[dict]:
-        events = self._events(self.held.finish(finished.text, begun=self.begun)) + self._said_done()
+        events = self._events(self.held.finish(finished.text)) + self._said_done()
         # response.completed even for a cut answer (its status says incomplete): as llama-server, and what the SDK's
         # stream helper and agents wait for
         return events + [self._event("response.completed", response=self._kept(self.output, finished))]

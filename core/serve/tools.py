@@ -34,9 +34,8 @@ class ToolCall:
     arguments: str      # JSON text, as OpenAI sends it
     id: str
 
-    def openai(self, index: int | None = None) -> dict:
-        out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return out if index is None else {"index": index, **out}
+    def openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 def offered(body: dict) -> tuple[dict, ...]:
@@ -320,10 +319,12 @@ class Holdback:
         self._text, self._sent = "", 0
         self._calls: list[ToolCall] = []    # begun, with the arguments sent so far
         self._done = 0                       # how many of them are complete
+        self._said = False                   # whether any text went out
 
     def push(self, text: str) -> list:
         """The parts that may go out now, given the next ``text`` of the answer."""
         if not self.names:
+            self._said |= bool(text)
             return [Said(text)] if text else []
         self._text += text
         calls, decided = scan(self._text, self.names, final=False)
@@ -331,7 +332,7 @@ class Holdback:
         parts = []
         if not self._calls and upto > self._sent and self._text[:upto].strip():   # blank: a call may be all
             parts.append(Said(self._text[self._sent:upto]))
-            self._sent = upto
+            self._sent, self._said = upto, True
         for index, (_, _, call) in enumerate(calls):
             parts += self._advance(index, call.name, call.arguments, done=True)
         writing = being_written(self._text, decided, self.names) if decided < len(self._text) else None
@@ -365,10 +366,17 @@ class Holdback:
         return ([Said(texts[0])] if texts[0].strip() else []) + [
             Called(i, call) for i, (_, _, call) in enumerate(calls)] + ([Said(texts[1])] if texts[1].strip() else [])
 
-    def finish(self, text: str, begun: bool = True) -> list:
+    @property
+    def called(self) -> bool:
+        """Whether a call has gone out (begun, at least)."""
+        return bool(self._calls)
+
+    def finish(self, text: str, opened: bool = False) -> list:
         """The parts of the finished answer's ``text`` still to go out: the rest of its calls and of its text. No
-        text where none is left: a blank rest beside calls, or an empty one once text has ``begun`` (an answer with
-        neither text nor calls still sends its one empty text)."""
+        text where none is left: a blank rest beside calls, or an empty one once text has begun (some went out, or
+        the reply ``opened`` with an empty text of its own); an answer with neither text nor calls still sends its
+        one empty text."""
+        begun = opened or self._said
         if not self.names:
             return [] if begun else [Said("")]
         content, calls = split_calls(text, self.names)
