@@ -367,16 +367,16 @@ def test_default_pair_decodes_speculatively(default_pair):
 @pytest.mark.real_models
 @real
 def test_a_verification_batch_computes_bit_for_bit_what_one_token_steps_compute(default_pair):
-    """On the default pair's Q4_K/Q6_K target, with SpecLens's kernels and one-path attention (native/llama.cpp), past
+    """On the default pair's Q4_K/Q6_K target, with SpecLens's kernels and grouped attention (native/llama.cpp), past
     512 cached tokens where stock llama.cpp sends a lone token's attention another way: a drafted chain, and the
     accepted branch of a tree that is not its first, get exactly the logits one-token steps get (stock: up to 0.7
     apart, enough to flip a greedy choice at a top-2 margin of 0.3)."""
-    from core.backends.kquant_kernels import has_one_path_attention, has_speclens_kernels
+    from core.backends.kquant_kernels import has_grouped_attention, has_speclens_kernels
     from core.backends.llamacpp import ContextTuning
     from core.tree import TokenTree
 
-    if not (has_speclens_kernels() and has_one_path_attention()):
-        pytest.skip("this llama.cpp build lacks SpecLens's kernels or one-path attention (tools/build_llama_cpp.sh)")
+    if not (has_speclens_kernels() and has_grouped_attention()):
+        pytest.skip("this llama.cpp build lacks SpecLens's kernels or grouped attention (tools/build_llama_cpp.sh)")
     target, _ = default_pair
     before = target.tuning
     target.retune(ContextTuning(flash_attn=True))

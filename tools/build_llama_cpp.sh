@@ -1,7 +1,7 @@
 #!/bin/bash
-# Installs llama-cpp-python built from its PyPI sdist with SpecLens's small-batch Q4_K/Q6_K kernels and one-path
-# attention (native/llama.cpp/README.md says what they change and why) into the active Python environment: about 8 minutes on
-# 2 cores. The version is pinned because the patch is written against that release's vendored llama.cpp.
+# Installs llama-cpp-python built from its PyPI sdist with SpecLens's small-batch Q4_K/Q6_K kernels and grouped
+# attention (native/llama.cpp/README.md says what they change and why) into the active Python environment: about 8
+# minutes on 2 cores. The version is pinned because the patch is written against that release's vendored llama.cpp.
 # Usage: tools/build_llama_cpp.sh
 set -euo pipefail
 version=0.3.36

@@ -35,12 +35,18 @@ def backend_threads(backend) -> int:
 
 
 def plan_key(target, draft, sampling: SamplingParams) -> dict:
-    """What a plan depends on: the models, their backends and devices, the threads, greedy or sampled decoding."""
+    """What a plan depends on: the models, their backends, builds and devices, the threads, greedy or sampled
+    decoding. A backend's ``build`` names kernels that change what a call costs (a rebuilt llama.cpp is measured
+    again, not planned with the old one's costs)."""
     key = {"target": target.name, "target_backend": type(target).__name__, "target_device": target.device,
            "threads": backend_threads(target), "greedy": sampling.greedy}
+    if getattr(target, "build", None):
+        key["target_build"] = target.build
     if draft is not None:
         key.update(draft=draft.name, draft_backend=type(draft).__name__, draft_device=draft.device,
                    draft_threads=backend_threads(draft))
+        if getattr(draft, "build", None):
+            key["draft_build"] = draft.build
     return key
 
 

@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 
 SYMBOL = "speclens_gemm_q4_K_8x8_q8_K"
-ONE_PATH = "speclens_one_path_attention"     # native/llama.cpp/attention.patch
+GROUPED = "speclens_grouped_attention"       # native/llama.cpp/attention.patch
 
 
 def ggml_cpu_library() -> Path | None:
@@ -39,20 +39,21 @@ def has_speclens_kernels() -> bool:
     return _exports(SYMBOL)
 
 
-def has_one_path_attention() -> bool:
-    """Whether one token's attention takes the path each row of a small batch takes, so that with the kernels a
-    verification batch of fewer than 64 tokens computes bit for bit what one-token steps compute."""
-    return _exports(ONE_PATH)
+def has_grouped_attention() -> bool:
+    """Whether attention takes one path for a lone token and every row of a batch, each row's bits independent of
+    the rows beside it (where 4 or more heads share a K/V head), so that with the kernels a verification batch
+    computes bit for bit what one-token steps compute."""
+    return _exports(GROUPED)
 
 
 def _kind() -> str:
     parts = [name for name, has in (("SpecLens's Q4_K/Q6_K batch kernels", has_speclens_kernels()),
-                                    ("one-path attention", has_one_path_attention())) if has]
+                                    ("grouped attention", has_grouped_attention())) if has]
     return f"with {' and '.join(parts)}" if parts else "(stock)"
 
 
 def llama_cpp_build() -> str:
-    """'llama-cpp-python 0.3.36 with SpecLens's Q4_K/Q6_K batch kernels and one-path attention', or '... (stock)'."""
+    """'llama-cpp-python 0.3.36 with SpecLens's Q4_K/Q6_K batch kernels and grouped attention', or '... (stock)'."""
     import llama_cpp
 
     return f"llama-cpp-python {llama_cpp.__version__} {_kind()}"

@@ -29,6 +29,7 @@ from core.backends.base import (
 )
 from core.backends.files import kind_of
 from core.backends.infill import FimTokens
+from core.backends.kquant_kernels import llama_cpp_build
 from core.backends.weight_buffers import weight_buffers
 from core.tree import TokenTree
 
@@ -135,6 +136,7 @@ class LlamaCppBackend:
         self.device = "gpu" if gpu else "cpu"
         self.name = name or path.name
         self.path = path
+        self.build = llama_cpp_build()       # plans are measured per build (core/auto/plan.py)
 
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = -1 if gpu else 0
