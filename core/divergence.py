@@ -1,9 +1,9 @@
 """Compare two greedy decodes of the same prompt: identical, or where they part and how close to a tie it was.
 
-Exact identity holds where numerics are exact. On quantized llama.cpp a batch and one-token steps can add the same
-values in other orders (a stock build's kernels; after a tree step, cells no longer in the order of their
-positions: native/llama.cpp/README.md), so there two greedy runs may part at a near-tie; the margin tells which case
-it was.
+Exact identity holds where numerics are exact: float64 models, and quantized llama.cpp with SpecLens's build and
+flash attention on. Elsewhere (a stock llama.cpp build, flash attention off: native/llama.cpp/README.md) a batch and
+one-token steps can add the same values in other orders, so two greedy runs may part at a near-tie; the margin tells
+which case it was.
 """
 from __future__ import annotations
 

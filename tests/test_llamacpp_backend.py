@@ -123,6 +123,43 @@ def test_commit_keeps_exactly_the_path(target, files, path):
     assert target.committed == kept + [50]
 
 
+def test_tokens_after_a_tree_step_find_its_taken_branch_in_order(tmp_path):
+    """After a tree step whose taken branch is not its first, the next tokens get the bits they get after a tree
+    whose taken branch came first: the branch's cells move into the cells the untaken one left (SpecLens's build,
+    native/llama.cpp), instead of later tokens filling those cells before the branch. On a model whose 8 heads share
+    2 K/V heads, with flash attention, whose grouped attention adds cells in cell order."""
+    from core.backends.kquant_kernels import has_grouped_attention, has_ordered_cache
+    from core.backends.llamacpp import ContextTuning
+
+    if not (has_ordered_cache() and has_grouped_attention()):
+        pytest.skip("this llama.cpp build is stock (tools/build_llama_cpp.sh builds SpecLens's)")
+    model = LlamaCppBackend(write_tiny_gguf(tmp_path / "grouped.gguf", heads=8, kv_heads=2), n_ctx=CONTEXT,
+                            n_threads=2)
+    model.retune(ContextTuning(flash_attn=True))
+    prompt, branch, later = model.tokenize("in on and the of to " * 6), [40, 41, 42], [50, 51, 52, 53, 54]
+
+    def after(tree: TokenTree, path: list[int]) -> list[torch.Tensor]:
+        model.reset()
+        model.prefill(prompt)
+        model.forward_tree(tree)
+        model.commit(path)
+        assert model.committed == prompt + branch
+        rows = []
+        for token in later:
+            rows.append(model.forward_tree(TokenTree.chain([token]))[-1].clone())
+            model.commit([0])
+        return rows
+
+    first, second = TokenTree(), TokenTree()
+    for i, token in enumerate(branch):
+        first.add(token, i - 1)
+    first.add(43, -1)
+    second.add(43, -1)
+    for i, token in enumerate(branch):
+        second.add(token, i if i else -1)
+    assert all(torch.equal(a, b) for a, b in zip(after(first, [0, 1, 2]), after(second, [1, 2, 3])))
+
+
 @pytest.mark.parametrize("keep", [0, 1, 3, 4])
 def test_a_chain_evaluated_in_place_commits_a_prefix(target, files, keep):
     # a chain (a plain step, a chain draft) goes on the committed sequence itself; a commit cuts its tail

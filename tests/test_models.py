@@ -368,15 +368,16 @@ def test_default_pair_decodes_speculatively(default_pair):
 @real
 def test_a_verification_batch_computes_bit_for_bit_what_one_token_steps_compute(default_pair):
     """On the default pair's Q4_K/Q6_K target, with SpecLens's kernels and grouped attention (native/llama.cpp), past
-    512 cached tokens where stock llama.cpp sends a lone token's attention another way: a drafted chain, and the
-    accepted branch of a tree that is not its first, get exactly the logits one-token steps get (stock: up to 0.7
-    apart, enough to flip a greedy choice at a top-2 margin of 0.3)."""
-    from core.backends.kquant_kernels import has_grouped_attention, has_speclens_kernels
+    512 cached tokens where stock llama.cpp sends a lone token's attention another way: a drafted chain, the
+    accepted branch of a tree that is not its first, and the token after that branch, get exactly the logits
+    one-token steps get (stock: up to 0.7 apart, enough to flip a greedy choice at a top-2 margin of 0.3)."""
+    from core.backends.kquant_kernels import has_grouped_attention, has_ordered_cache, has_speclens_kernels
     from core.backends.llamacpp import ContextTuning
     from core.tree import TokenTree
 
-    if not (has_speclens_kernels() and has_grouped_attention()):
-        pytest.skip("this llama.cpp build lacks SpecLens's kernels or grouped attention (tools/build_llama_cpp.sh)")
+    if not (has_speclens_kernels() and has_grouped_attention() and has_ordered_cache()):
+        pytest.skip("this llama.cpp build lacks SpecLens's kernels, attention or cache order "
+                    "(tools/build_llama_cpp.sh)")
     target, _ = default_pair
     before = target.tuning
     target.retune(ContextTuning(flash_attn=True))
@@ -384,7 +385,7 @@ def test_a_verification_batch_computes_bit_for_bit_what_one_token_steps_compute(
         prompt = target.tokenize(Path(models.__file__).read_text())[:700]
         target.reset()
         logits, steps, tokens = target.prefill(prompt), [], []
-        for _ in range(8):
+        for _ in range(9):
             steps.append(logits.clone())
             tokens.append(int(torch.argmax(logits)))
             logits = target.forward_tree(TokenTree.chain(tokens[-1:]))[-1]
@@ -401,5 +402,7 @@ def test_a_verification_batch_computes_bit_for_bit_what_one_token_steps_compute(
             tree.add(token, i if i else -1)                           # the taken one: node i + 1 under node i
         branch = target.forward_tree(tree)
         assert all(torch.equal(branch[i + 1], steps[i + 1]) for i in range(7))
+        target.commit(list(range(1, 8)))            # the cells of the untaken branch are left behind the path
+        assert torch.equal(target.forward_tree(TokenTree.chain(tokens[7:8]))[-1], steps[8])
     finally:
         target.retune(before)

@@ -14,19 +14,25 @@ from pathlib import Path
 
 SYMBOL = "speclens_gemm_q4_K_8x8_q8_K"
 GROUPED = "speclens_grouped_attention"       # native/llama.cpp/attention.patch
+ORDERED = "speclens_kv_compact"              # native/llama.cpp/kv_order.patch, in libllama
 
 
-def ggml_cpu_library() -> Path | None:
-    """llama-cpp-python's CPU backend library, found without importing llama_cpp (whose import needs numpy)."""
+def _library(pattern: str) -> Path | None:
+    """One of llama-cpp-python's libraries, found without importing llama_cpp (whose import needs numpy)."""
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return next(iter(sorted((Path(spec.submodule_search_locations[0]) / "lib").glob("*ggml-cpu*"))), None)
+    return next(iter(sorted((Path(spec.submodule_search_locations[0]) / "lib").glob(pattern))), None)
+
+
+def ggml_cpu_library() -> Path | None:
+    """llama-cpp-python's CPU backend library."""
+    return _library("*ggml-cpu*")
 
 
 @functools.cache
-def _exports(symbol: str) -> bool:
-    lib = ggml_cpu_library()
+def _exports(symbol: str, pattern: str = "*ggml-cpu*") -> bool:
+    lib = _library(pattern)
     if lib is None:
         return False
     try:
@@ -46,14 +52,24 @@ def has_grouped_attention() -> bool:
     return _exports(GROUPED)
 
 
+def has_ordered_cache() -> bool:
+    """Whether llama.cpp can keep a sequence's cache cells in the order of its positions after a tree step
+    (``speclens_kv_compact``), so that the tokens after it are exact too."""
+    return _exports(ORDERED, "libllama*")
+
+
 def _kind() -> str:
     parts = [name for name, has in (("SpecLens's Q4_K/Q6_K batch kernels", has_speclens_kernels()),
-                                    ("grouped attention", has_grouped_attention())) if has]
-    return f"with {' and '.join(parts)}" if parts else "(stock)"
+                                    ("grouped attention", has_grouped_attention()),
+                                    ("an ordered cache", has_ordered_cache())) if has]
+    if not parts:
+        return "(stock)"
+    return "with " + (f"{', '.join(parts[:-1])} and {parts[-1]}" if len(parts) > 1 else parts[0])
 
 
 def llama_cpp_build() -> str:
-    """'llama-cpp-python 0.3.36 with SpecLens's Q4_K/Q6_K batch kernels and grouped attention', or '... (stock)'."""
+    """'llama-cpp-python 0.3.36 with SpecLens's Q4_K/Q6_K batch kernels, grouped attention and an ordered cache',
+    or '... (stock)'."""
     import llama_cpp
 
     return f"llama-cpp-python {llama_cpp.__version__} {_kind()}"

@@ -29,7 +29,7 @@ from core.backends.base import (
 )
 from core.backends.files import kind_of
 from core.backends.infill import FimTokens
-from core.backends.kquant_kernels import llama_cpp_build
+from core.backends.kquant_kernels import ORDERED, llama_cpp_build
 from core.backends.weight_buffers import weight_buffers
 from core.tree import TokenTree
 
@@ -212,6 +212,10 @@ class LlamaCppBackend:
             raise ModelLoadError(f"cannot create a llama.cpp context of {self.context_length} tokens for "
                                  f"{self.path.name} ({detail})")
         self._mem = lib.llama_get_memory(self._ctx)
+        # SpecLens's build keeps the committed cells in position order after a tree step (native/llama.cpp)
+        self._compact = getattr(lib.llama_cpp._lib, ORDERED, None)
+        if self._compact is not None:
+            self._compact.argtypes, self._compact.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_bool
         self._batch = lib.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._decodes = 0
         self.tuning = tuning
@@ -512,6 +516,9 @@ class LlamaCppBackend:
             lib.llama_memory_seq_rm(mem, seq, end, -1)
             lib.llama_memory_seq_cp(mem, seq, _COMMITTED_SEQ, -1, -1)
             lib.llama_memory_seq_rm(mem, seq, -1, -1)
+        if self._compact is not None and tree is not None and not tree.is_chain():
+            # the path's cells move into the cells its other branches left, so later tokens follow it in order
+            self._compact(self._ctx, _COMMITTED_SEQ)
         self._committed += [tree.tokens[i] for i in path]
         self._clear_tree_state()
 
