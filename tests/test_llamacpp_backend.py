@@ -426,3 +426,20 @@ def test_a_pair_opens_with_the_context_asked_for_and_says_what_it_cannot_hold(tm
     with pytest.raises(BackendError, match="built with a context of"):
         open_pair("tiny", "hf", context=100)
     assert parser().parse_args(["-c", "16384"]).ctx_size == 16384
+
+
+@pytest.mark.parametrize("exact_build", [True, False])
+def test_the_plan_keeps_flash_attention_on_where_it_is_exact(files, monkeypatch, exact_build):
+    """With SpecLens's build a verification batch is exact with flash attention on: the plan keeps it on even where
+    another setting times faster (here flash attention off, made to look faster); elsewhere the fastest wins."""
+    from core.auto import calibrate
+    from core.backends import kquant_kernels
+
+    model = LlamaCppBackend(files["target"], n_ctx=CONTEXT, n_threads=2)
+    monkeypatch.setattr(kquant_kernels, "has_grouped_attention", lambda: exact_build)
+    monkeypatch.setattr(kquant_kernels, "has_ordered_cache", lambda: exact_build)
+    monkeypatch.setattr(calibrate, "time_forward", lambda target, context, n: calibrate.Timing(
+        n * (0.5 if target.tuning.flash_attn is False else 1.0), 0.0))
+    tuning = calibrate.tune_verification(model, model.tokenize("in on and"))
+    assert len(tuning["measured"]) == 3
+    assert tuning["chosen"]["flash_attn"] is exact_build and model.tuning.flash_attn is exact_build

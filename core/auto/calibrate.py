@@ -90,8 +90,11 @@ def profile_latencies(target, draft, context: Sequence[int], verify_sizes: Seque
 
 
 def tune_verification(target, context: Sequence[int]) -> dict:
-    """For llama.cpp: time t(1), t(2), t(4) under each setting that changes speed but not results (flash attention
-    on, off, or llama.cpp's choice), keep the fastest, and return what was measured. Other backends: nothing."""
+    """For llama.cpp: time t(1), t(2), t(4) under each setting that changes speed but not what the model computes
+    (flash attention on, off, or llama.cpp's choice), keep the fastest, and return what was measured. With SpecLens's
+    build only flash attention on is kept: there a verification batch computes bit for bit what one-token steps
+    compute (native/llama.cpp/README.md), and exactness comes before speed. Other backends: nothing."""
+    from core.backends.kquant_kernels import has_grouped_attention, has_ordered_cache
     from core.backends.llamacpp import ContextTuning, LlamaCppBackend
 
     if not isinstance(target, LlamaCppBackend) or target.device != "cpu":
@@ -102,9 +105,11 @@ def tune_verification(target, context: Sequence[int]) -> dict:
         target.retune(tuning)
         times = {n: time_forward(target, context, n).seconds for n in TUNING_SIZES}
         measured.append((tuning, times))
+    eligible = [m for m in measured if m[0].flash_attn] if has_grouped_attention() and has_ordered_cache() \
+        else measured
     # the plain step dominates decoding; among settings within 2% of the fastest plain step, the cheapest batches win
-    fastest = min(t[1] for _, t in measured)
-    near = [(tuning, t) for tuning, t in measured if t[1] <= fastest * 1.02]
+    fastest = min(t[1] for _, t in eligible)
+    near = [(tuning, t) for tuning, t in eligible if t[1] <= fastest * 1.02]
     chosen, _ = min(near, key=lambda m: sum(m[1].values()))
     target.retune(chosen)
     target.reset()
