@@ -11,7 +11,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from core.backends.kquant_kernels import GROUPED, ggml_cpu_library
+from core.backends.kquant_kernels import GROUPED
+from speclens_ggml import speclens_ggml_cpu
 
 F32, F16 = 0, 1
 SHAPES = [(128, 12, 2), (64, 14, 2), (64, 4, 4)]      # head size, query heads, K/V heads
@@ -23,12 +24,7 @@ class InitParams(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def ggml():
-    lib = ggml_cpu_library()
-    if lib is None:
-        pytest.skip("no llama_cpp with its libggml-cpu installed")
-    cpu = ctypes.CDLL(str(lib))
-    if not hasattr(cpu, GROUPED):
-        pytest.skip("this llama.cpp build is stock (tools/build_llama_cpp.sh builds SpecLens's attention)")
+    cpu = speclens_ggml_cpu(GROUPED, "SpecLens's grouped attention")
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for name, args, result in (
             ("ggml_init", [InitParams], p), ("ggml_free", [p], None), ("ggml_get_data", [p], p),

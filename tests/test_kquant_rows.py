@@ -12,7 +12,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from core.backends.kquant_kernels import SYMBOL, ggml_cpu_library
+from core.backends.kquant_kernels import SYMBOL
+from speclens_ggml import speclens_ggml_cpu
 
 QK_K = 256
 Q4_K_X8 = np.dtype([("d", "<f2", 8), ("dmin", "<f2", 8), ("scales", "u1", 96), ("qs", "u1", 1024)])
@@ -27,12 +28,7 @@ SHAPES = [(256, 8, 1), (512, 16, 2), (768, 24, 3), (1024, 32, 4), (512, 40, 7), 
 
 @pytest.fixture(scope="module")
 def ggml_cpu():
-    lib = ggml_cpu_library()
-    if lib is None:
-        pytest.skip("no llama_cpp with its libggml-cpu installed")
-    cpu = ctypes.CDLL(str(lib))
-    if not hasattr(cpu, SYMBOL):
-        pytest.skip("this llama.cpp build has no SpecLens kernels (tools/build_llama_cpp.sh builds them)")
+    cpu = speclens_ggml_cpu(SYMBOL, "SpecLens kernels")
     for name in ("speclens_gemm_q4_K_8x8_q8_K", "speclens_gemm_q6_K_8x8_q8_K", "ggml_gemv_q4_K_8x8_q8_K"):
         getattr(cpu, name).argtypes, getattr(cpu, name).restype = PRODUCT, None
     cpu.ggml_vec_dot_q6_K_q8_K.argtypes, cpu.ggml_vec_dot_q6_K_q8_K.restype = DOT, None

@@ -127,6 +127,10 @@ class LlamaCppBackend:
         import llama_cpp
 
         self._lib = llama_cpp
+        # SpecLens's build keeps the committed cells in position order after a tree step (native/llama.cpp)
+        self._compact = getattr(llama_cpp.llama_cpp._lib, ORDERED, None)
+        if self._compact is not None:
+            self._compact.argtypes, self._compact.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_bool
         self._model = self._ctx = self._batch = None
         path = check_gguf_file(model_path)
         _install_log_capture()
@@ -212,10 +216,6 @@ class LlamaCppBackend:
             raise ModelLoadError(f"cannot create a llama.cpp context of {self.context_length} tokens for "
                                  f"{self.path.name} ({detail})")
         self._mem = lib.llama_get_memory(self._ctx)
-        # SpecLens's build keeps the committed cells in position order after a tree step (native/llama.cpp)
-        self._compact = getattr(lib.llama_cpp._lib, ORDERED, None)
-        if self._compact is not None:
-            self._compact.argtypes, self._compact.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_bool
         self._batch = lib.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self._decodes = 0
         self.tuning = tuning
