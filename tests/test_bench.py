@@ -311,3 +311,15 @@ def test_a_regenerated_prompt_is_a_new_sample_for_every_contestant() -> None:
     runner.server, runner.learns = Server(), True
     runner.run([1, 2], 4, sampled, regenerate=True)
     assert seeds == [6, 5]
+
+
+def test_limit_keeps_the_first_tasks_of_those_chosen(tmp_path) -> None:
+    # `--limit N` on an HTTP surface (server, cursor, agent) runs the first N tasks of the chosen half, not all of them
+    from core.bench import cursor, fast_apply
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps({"id": f"t{i}", "instruction": "edit", "file": f"x = {i}{cursor.CURSOR}\n",
+                                          "held_out": i % 2 == 1}) for i in range(6)) + "\n", encoding="utf-8")
+    assert [t["id"] for t in fast_apply.read_tasks(path, "only", limit=2)] == ["t1", "t3"]
+    assert [t["id"] for t in fast_apply.read_tasks(path, "all", limit=0)] == [f"t{i}" for i in range(6)]
+    assert [t["id"] for t in cursor.read_tasks(path, "exclude", limit=1)] == ["t0"]

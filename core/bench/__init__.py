@@ -50,7 +50,9 @@ def _parser(surfaces: dict[str, SurfaceFactory]) -> argparse.ArgumentParser:
                         f"; with --surface agent: the same (default {agent.DEFAULT_MODES})")
     parser.add_argument("--prompts", action="append", default=None,
                         help="a JSONL prompt file (repeatable); default: every set in resources/prompts")
-    parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts of each file")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="use only the first N prompts of each file (HTTP surfaces: the first N tasks chosen by "
+                             "--held-out)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeat", type=int, default=1, help="repeat every run N times (ratios: median of repeats)")
     parser.add_argument("--seed", type=int, default=0, help="seed of sampled runs")

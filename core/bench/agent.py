@@ -65,8 +65,8 @@ def parse_modes(text: str) -> list[str]:
 def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
     """Every task in every mode, alternated and repeated; the report (meta, modes, runs, summary)."""
     modes = parse_modes(args.modes)
-    tasks = fast_apply.read_tasks(Path(args.prompts[0]) if args.prompts else fast_apply.TASKS, args.held_out)
-    tasks = tasks[:args.limit] if args.limit else tasks
+    tasks = fast_apply.read_tasks(Path(args.prompts[0]) if args.prompts else fast_apply.TASKS, args.held_out,
+                                  limit=args.limit)
     greedy = SamplingParams(temperature=0.0)
     contestants = fast_apply.Contestants(modes, target, draft, strategy, args.llama_server)
     runs: list[dict] = []

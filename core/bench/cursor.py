@@ -49,8 +49,8 @@ def infill_spelling(target) -> tuple[str, str, str]:
     return pre, suf, mid
 
 
-def read_tasks(path: Path, held_out: str) -> list[dict]:
-    tasks = fast_apply.read_tasks(path, held_out, fields=("id", "file"))
+def read_tasks(path: Path, held_out: str, limit: int = 0) -> list[dict]:
+    tasks = fast_apply.read_tasks(path, held_out, fields=("id", "file"), limit=limit)
     for task in tasks:
         if task["file"].count(CURSOR) != 1:
             raise BenchError(f"{path}: task {task['id']} needs one {CURSOR} in its file")
@@ -64,7 +64,7 @@ def parse_modes(text: str) -> list[str]:
 def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
     """Every task's typing in every mode, alternated and repeated; the report (meta, modes, runs, summary)."""
     modes = parse_modes(args.modes)
-    tasks = read_tasks(Path(args.prompts[0]) if args.prompts else TASKS, args.held_out)
+    tasks = read_tasks(Path(args.prompts[0]) if args.prompts else TASKS, args.held_out, limit=args.limit)
     pre, suf, mid = infill_spelling(target)
     if args.api == "infill":
         def ask(client: EndpointRun, before: str, after: str):

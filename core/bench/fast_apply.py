@@ -41,9 +41,10 @@ SYSTEM = ("You are a code editor. Apply the requested change to the file and ans
 ANSWER_ROOM = 256   # tokens an answer may have beyond the file's own length
 
 
-def read_tasks(path: Path, held_out: str, fields: tuple[str, ...] = ("id", "instruction", "file")) -> list[dict]:
+def read_tasks(path: Path, held_out: str, fields: tuple[str, ...] = ("id", "instruction", "file"),
+               limit: int = 0) -> list[dict]:
     """The tasks of a JSONL file of {"id", "language", "instruction", "file", "held_out"} (the text ``fields`` are
-    required); ``held_out`` is all, only or exclude."""
+    required); ``held_out`` is all, only or exclude; ``limit`` > 0 keeps the first that many of those chosen."""
     if not path.is_file():
         raise BenchError(f"task file {path} does not exist")
     tasks = []
@@ -60,7 +61,7 @@ def read_tasks(path: Path, held_out: str, fields: tuple[str, ...] = ("id", "inst
     chosen = [t for t in tasks if held_out == "all" or bool(t["held_out"]) == (held_out == "only")]
     if not chosen:
         raise BenchError(f"{path} has no tasks for --held-out {held_out}")
-    return chosen
+    return chosen[:limit] if limit > 0 else chosen
 
 
 def messages(task: dict) -> list[dict]:
@@ -231,7 +232,7 @@ class Contestants:
 def run(args, target, draft, strategy, log=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
     """Every task in every mode, alternated and repeated; the report (meta, modes, runs, summary)."""
     modes = parse_modes(args.modes)
-    tasks = read_tasks(Path(args.prompts[0]) if args.prompts else TASKS, args.held_out)
+    tasks = read_tasks(Path(args.prompts[0]) if args.prompts else TASKS, args.held_out, limit=args.limit)
     greedy = SamplingParams(temperature=0.0)
     contestants = Contestants(modes, target, draft, strategy, args.llama_server)
     runs: list[dict] = []
