@@ -12,6 +12,7 @@ import pytest
 
 import core.auto.calibrate as calibrate
 import core.bench as bench
+from core.bench import cursor, fast_apply
 from core.auto.costs import Latencies
 from core.auto.plan import Plan
 from core.bench.prompts import read_prompts
@@ -315,8 +316,6 @@ def test_a_regenerated_prompt_is_a_new_sample_for_every_contestant() -> None:
 
 def test_limit_keeps_the_first_tasks_of_those_chosen(tmp_path) -> None:
     # `--limit N` on an HTTP surface (server, cursor, agent) runs the first N tasks of the chosen half, not all of them
-    from core.bench import cursor, fast_apply
-
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(json.dumps({"id": f"t{i}", "instruction": "edit", "file": f"x = {i}{cursor.CURSOR}\n",
                                           "held_out": i % 2 == 1}) for i in range(6)) + "\n", encoding="utf-8")
